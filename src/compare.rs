@@ -1,0 +1,264 @@
+//! Strategies side by side on the same traces and simulated device: the engine behind
+//! `adaptalloc compare` and the benchmarks.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::allocator::{Allocator, AllocatorConfig, StrategyConfig};
+use crate::device::{CostModel, Device, SimDevice};
+use crate::size::{ByteSize, GIB, round_up};
+use crate::strategy::{CachingConfig, StrategyKind};
+use crate::trace::{ReplayOptions, Trace, replay_with};
+
+/// The device capacity of a comparison.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Capacity {
+    /// The same number of bytes for every trace.
+    Bytes(u64),
+    /// This many times each trace's peak live bytes, rounded up to the device granularity.
+    Factor(f64),
+}
+
+impl Default for Capacity {
+    /// 80 GiB, an H100-sized device.
+    fn default() -> Self {
+        Capacity::Bytes(80 * GIB)
+    }
+}
+
+impl Capacity {
+    pub fn bytes_for(self, peak_live: u64, granule: u64) -> u64 {
+        match self {
+            Capacity::Bytes(b) => b,
+            Capacity::Factor(f) => {
+                round_up(((peak_live as f64) * f).ceil() as u64, granule).max(granule)
+            }
+        }
+    }
+}
+
+/// A named allocator set-up that `compare` can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Contender {
+    /// Every request to the driver.
+    Passthrough,
+    /// Unbounded caching with no release on out-of-memory: what opt-in caching allocators do.
+    Caching,
+    /// Block suballocation with default slabs.
+    Suballoc,
+}
+
+impl Contender {
+    pub const ALL: [Contender; 3] = [
+        Contender::Passthrough,
+        Contender::Caching,
+        Contender::Suballoc,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Passthrough => "passthrough",
+            Contender::Caching => "caching",
+            Contender::Suballoc => "suballoc",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    pub fn config(self) -> AllocatorConfig {
+        match self {
+            Contender::Passthrough => AllocatorConfig::new(StrategyConfig::Passthrough),
+            Contender::Caching => AllocatorConfig {
+                strategy: StrategyConfig::Caching(CachingConfig {
+                    max_idle_bytes: None,
+                }),
+                release_on_oom: false,
+            },
+            Contender::Suballoc => {
+                AllocatorConfig::new(StrategyConfig::default_for(StrategyKind::Suballoc))
+            }
+        }
+    }
+}
+
+/// One strategy on one trace.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct StrategyResult {
+    pub strategy: String,
+    pub completed: bool,
+    pub failed_allocs: u64,
+    pub driver_allocs: u64,
+    pub driver_frees: u64,
+    pub modeled_driver_ns: u64,
+    pub peak_reserved_bytes: u64,
+    pub tenant_failures: u64,
+    pub wall_ns: u64,
+}
+
+/// Every strategy on one trace.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TraceResult {
+    pub trace: String,
+    pub events: u64,
+    pub peak_live_bytes: u64,
+    /// Present when the capacity differs per trace (a factor).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
+    pub results: Vec<StrategyResult>,
+}
+
+/// A whole comparison.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Comparison {
+    /// The capacity of every device, or None when it differs per trace.
+    pub capacity_bytes: Option<u64>,
+    pub traces: Vec<TraceResult>,
+}
+
+/// How to compare.
+#[derive(Clone, Debug)]
+pub struct CompareOptions {
+    pub contenders: Vec<Contender>,
+    pub capacity: Capacity,
+    pub repeat: u32,
+    pub cost_model: CostModel,
+}
+
+impl Default for CompareOptions {
+    fn default() -> Self {
+        CompareOptions {
+            contenders: Contender::ALL.to_vec(),
+            capacity: Capacity::default(),
+            repeat: 1,
+            cost_model: CostModel::default(),
+        }
+    }
+}
+
+/// Runs one contender over one trace on a fresh SimDevice of `capacity` bytes.
+pub fn run_one(
+    trace: &Trace,
+    contender: Contender,
+    capacity: u64,
+    opts: &CompareOptions,
+) -> StrategyResult {
+    let dev = Arc::new(
+        SimDevice::builder()
+            .capacity(capacity)
+            .cost_model(opts.cost_model.clone())
+            .build(),
+    );
+    let alloc = Allocator::new(dev.clone() as Arc<dyn Device>, contender.config());
+    let m = replay_with(
+        trace,
+        &alloc,
+        ReplayOptions {
+            repeat: opts.repeat,
+        },
+        |_| {},
+    );
+    StrategyResult {
+        strategy: contender.name().into(),
+        completed: m.completed(),
+        failed_allocs: m.failed_allocs,
+        driver_allocs: m.driver_allocs,
+        driver_frees: m.driver_frees,
+        modeled_driver_ns: m.modeled_driver_ns,
+        peak_reserved_bytes: m.peak_reserved_bytes,
+        tenant_failures: dev.tenant_failures(),
+        wall_ns: m.wall_ns,
+    }
+}
+
+/// Runs every contender over every trace.
+pub fn compare(traces: &[Trace], opts: &CompareOptions) -> Comparison {
+    let granule = crate::device::Granularity::default().large_granule;
+    let per_trace = matches!(opts.capacity, Capacity::Factor(_));
+    let traces = traces
+        .iter()
+        .map(|t| {
+            let peak = t.peak_live_bytes();
+            let capacity = opts.capacity.bytes_for(peak, granule);
+            TraceResult {
+                trace: t.name.clone(),
+                events: t.events.len() as u64 * opts.repeat.max(1) as u64,
+                peak_live_bytes: peak,
+                capacity_bytes: per_trace.then_some(capacity),
+                results: opts
+                    .contenders
+                    .iter()
+                    .map(|&c| run_one(t, c, capacity, opts))
+                    .collect(),
+            }
+        })
+        .collect();
+    let capacity_bytes = match opts.capacity {
+        Capacity::Bytes(b) => Some(b),
+        Capacity::Factor(_) => None,
+    };
+    Comparison {
+        capacity_bytes,
+        traces,
+    }
+}
+
+impl std::fmt::Display for Comparison {
+    /// A plain-text table: one block per trace, one row per strategy, ratios to passthrough.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for t in &self.traces {
+            let cap = t
+                .capacity_bytes
+                .or(self.capacity_bytes)
+                .map(|c| ByteSize(c).to_string())
+                .unwrap_or_default();
+            writeln!(
+                f,
+                "{}: {} events, peak live {}, device {}",
+                t.trace,
+                t.events,
+                ByteSize(t.peak_live_bytes),
+                cap
+            )?;
+            writeln!(
+                f,
+                "  {:<12} {:>6} {:>10} {:>9} {:>12} {:>11} {:>14}",
+                "strategy",
+                "failed",
+                "drv calls",
+                "vs pass",
+                "driver time",
+                "reserved",
+                "reserved/live"
+            )?;
+            let base = t.results.iter().find(|r| r.strategy == "passthrough");
+            for r in &t.results {
+                let calls = r.driver_allocs + r.driver_frees;
+                let ratio = base
+                    .map(|b| {
+                        format!(
+                            "{:.1}%",
+                            100.0 * calls as f64 / (b.driver_allocs + b.driver_frees).max(1) as f64
+                        )
+                    })
+                    .unwrap_or_else(|| "-".into());
+                writeln!(
+                    f,
+                    "  {:<12} {:>6} {:>10} {:>9} {:>10.1}ms {:>11} {:>14.3}",
+                    r.strategy,
+                    r.failed_allocs,
+                    calls,
+                    ratio,
+                    r.modeled_driver_ns as f64 / 1e6,
+                    ByteSize(r.peak_reserved_bytes).to_string(),
+                    r.peak_reserved_bytes as f64 / t.peak_live_bytes.max(1) as f64
+                )?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}

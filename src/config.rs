@@ -1,0 +1,46 @@
+//! Helpers shared by every TOML file the project reads (policies, cost models, workloads).
+
+use crate::error::ConfigError;
+
+/// Converts a TOML error into a [`ConfigError::Parse`] naming the file, line, column and key.
+pub(crate) fn toml_error(file: &str, text: &str, err: &toml::de::Error) -> ConfigError {
+    let (line, column) = match err.span() {
+        Some(span) => line_column(text, span.start),
+        None => (0, 0),
+    };
+    let message = err.message().trim().to_string();
+    ConfigError::Parse {
+        file: file.to_string(),
+        line,
+        column,
+        key: key_in_message(&message),
+        message,
+    }
+}
+
+/// 1-based line and column of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, column)
+}
+
+/// serde names a key in backticks ("unknown field `speed`, expected ..."): take the first.
+fn key_in_message(message: &str) -> Option<String> {
+    let start = message.find('`')? + 1;
+    let len = message[start..].find('`')?;
+    Some(message[start..start + len].to_string())
+}
+
+/// Reads a config file as text; returns its display name (for errors) and its contents.
+pub(crate) fn read_file(path: &std::path::Path) -> Result<(String, String), ConfigError> {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((file, text)),
+        Err(e) => Err(ConfigError::Read {
+            file,
+            reason: e.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,183 @@
+//! `CudaDevice`: device memory from the CUDA driver (cuMemAlloc / cuMemFree / cuMemGetInfo)
+//! through cudarc's dynamically loaded bindings. Builds and links with no CUDA installed;
+//! [`CudaDevice::new`] returns [`DeviceError::NoDriver`] where no driver library is present.
+
+use std::time::Instant;
+
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+
+use super::{Device, DevicePtr, DeviceStats, MemInfo};
+use crate::error::DeviceError;
+use crate::size::{ByteSize, MIB};
+
+/// One CUDA device, used through its primary context (the one the runtime API and PyTorch use).
+#[derive(Debug)]
+pub struct CudaDevice {
+    ordinal: i32,
+    device: sys::CUdevice,
+    context: sys::CUcontext,
+    name: String,
+    stats: Mutex<DeviceStats>,
+}
+
+// SAFETY: a CUcontext handle may be used from any thread once made current there; every call
+// below makes the primary context current first. The handle itself is an opaque pointer that
+// the driver keeps valid until cuDevicePrimaryCtxRelease in Drop.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above; the only mutable state, the statistics, sits behind a Mutex.
+unsafe impl Sync for CudaDevice {}
+
+/// Names a failed driver call without formatting cudarc's error type, whose Display calls into
+/// libcuda (unsafe to do when the library is absent).
+fn check(call: &'static str, result: sys::CUresult) -> Result<(), DeviceError> {
+    if result == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(DeviceError::Driver {
+            call,
+            code: format!("{result:?}"),
+        })
+    }
+}
+
+impl CudaDevice {
+    /// True when a CUDA driver library can be loaded on this machine. Cheap after the first call.
+    pub fn driver_present() -> bool {
+        // SAFETY: is_culib_present only tries to dlopen the library names; it calls no driver
+        // function and is safe to call with no driver installed.
+        unsafe { sys::is_culib_present() }
+    }
+
+    /// Opens device `ordinal` (0-based) and retains its primary context.
+    ///
+    /// Errors: [`DeviceError::NoDriver`] when no driver library is present (no panic: cudarc's
+    /// loader panics when called without one, so this is checked first); [`DeviceError::Driver`]
+    /// when the ordinal does not exist or the driver fails to initialize.
+    pub fn new(ordinal: i32) -> Result<Self, DeviceError> {
+        if !Self::driver_present() {
+            return Err(DeviceError::NoDriver {
+                reason: "libcuda could not be loaded".into(),
+            });
+        }
+        let mut device: sys::CUdevice = 0;
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        let mut name_buf = [0 as std::ffi::c_char; 128];
+        // SAFETY: the driver library is present (checked above), so cudarc's loader will not
+        // panic; every out-pointer points at a live local of the right type and size.
+        unsafe {
+            check("cuInit", sys::cuInit(0))?;
+            check("cuDeviceGet", sys::cuDeviceGet(&mut device, ordinal))?;
+            check(
+                "cuDevicePrimaryCtxRetain",
+                sys::cuDevicePrimaryCtxRetain(&mut context, device),
+            )?;
+            check("cuCtxSetCurrent", sys::cuCtxSetCurrent(context))?;
+            check(
+                "cuDeviceGetName",
+                sys::cuDeviceGetName(name_buf.as_mut_ptr(), name_buf.len() as i32, device),
+            )?;
+        }
+        // SAFETY: cuDeviceGetName wrote a NUL-terminated string into the buffer; the last byte
+        // is forced to NUL in case the name filled it.
+        let name = unsafe {
+            name_buf[name_buf.len() - 1] = 0;
+            std::ffi::CStr::from_ptr(name_buf.as_ptr())
+                .to_string_lossy()
+                .into_owned()
+        };
+        Ok(CudaDevice {
+            ordinal,
+            device,
+            context,
+            name,
+            stats: Mutex::new(DeviceStats::default()),
+        })
+    }
+
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    fn make_current(&self) -> Result<(), DeviceError> {
+        // SAFETY: the context was retained in `new` and is released only in Drop.
+        check("cuCtxSetCurrent", unsafe {
+            sys::cuCtxSetCurrent(self.context)
+        })
+    }
+}
+
+impl Device for CudaDevice {
+    fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        self.make_current()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        let start = Instant::now();
+        // SAFETY: `ptr` is a live local; the context is current on this thread.
+        let result = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) };
+        let ns = start.elapsed().as_nanos() as u64;
+        let mut stats = self.stats.lock();
+        stats.driver_ns += ns;
+        if result == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            stats.failed_allocs += 1;
+            drop(stats);
+            let info = self.mem_info().unwrap_or(MemInfo { free: 0, total: 0 });
+            return Err(DeviceError::OutOfMemory {
+                requested: ByteSize(bytes),
+                free: ByteSize(info.free),
+                total: ByteSize(info.total),
+            });
+        }
+        if let Err(e) = check("cuMemAlloc_v2", result) {
+            stats.failed_allocs += 1;
+            return Err(e);
+        }
+        stats.driver_allocs += 1;
+        stats.allocated_bytes += bytes;
+        Ok(ptr)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        self.make_current()?;
+        let start = Instant::now();
+        // SAFETY: callers pass pointers from `allocate` (the allocator's map guarantees it).
+        let result = unsafe { sys::cuMemFree_v2(ptr) };
+        let mut stats = self.stats.lock();
+        stats.driver_ns += start.elapsed().as_nanos() as u64;
+        check("cuMemFree_v2", result)?;
+        stats.driver_frees += 1;
+        Ok(())
+    }
+
+    fn mem_info(&self) -> Result<MemInfo, DeviceError> {
+        self.make_current()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both out-pointers are live locals; the context is current.
+        check("cuMemGetInfo_v2", unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        self.stats.lock().mem_info_calls += 1;
+        Ok(MemInfo {
+            free: free as u64,
+            total: total as u64,
+        })
+    }
+
+    fn granularity(&self) -> u64 {
+        2 * MIB
+    }
+
+    fn stats(&self) -> DeviceStats {
+        *self.stats.lock()
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // SAFETY: releases the retain taken in `new`; the driver is present since `new` succeeded.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+    }
+}

@@ -1,0 +1,65 @@
+//! Devices: the only code that obtains memory.
+//!
+//! [`SimDevice`] is a simulated GPU (capacity, granularity, cost model, co-tenants, faults) that
+//! carries the tests and benchmarks; [`CudaDevice`] is the CUDA driver through cudarc.
+
+mod cost;
+// The only module of the library (with the C ABI) that needs unsafe: FFI to the CUDA driver.
+#[allow(unsafe_code)]
+mod cuda;
+mod sim;
+
+pub use cost::{CostCurve, CostModel};
+pub use cuda::CudaDevice;
+pub use sim::{FaultPlan, Granularity, LeakReport, SimDevice, SimDeviceBuilder, TenantAction};
+
+use crate::error::DeviceError;
+
+/// A device address, as `CUdeviceptr` is: an integer the host never dereferences.
+pub type DevicePtr = u64;
+
+/// Free and total bytes of the device, as `cuMemGetInfo` reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MemInfo {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// What a device has done: driver calls, bytes, and time spent in the driver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceStats {
+    /// Successful driver allocations.
+    pub driver_allocs: u64,
+    /// Driver frees.
+    pub driver_frees: u64,
+    /// Driver allocations that failed (out of memory or injected).
+    pub failed_allocs: u64,
+    /// `mem_info` calls.
+    pub mem_info_calls: u64,
+    /// Bytes currently held from the driver, as the caller asked for them.
+    pub allocated_bytes: u64,
+    /// Time spent in the driver: modelled on SimDevice, measured on CudaDevice.
+    pub driver_ns: u64,
+}
+
+/// A source of device memory. Implementations are thread-safe; every method may be called
+/// concurrently. Pointers are at least [`alignment`](Device::alignment)-aligned and never overlap.
+pub trait Device: Send + Sync + std::fmt::Debug {
+    /// Obtains `bytes` bytes (> 0) from the driver.
+    fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError>;
+    /// Returns a pointer obtained from [`allocate`](Device::allocate). On a real GPU this
+    /// synchronizes the device.
+    fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError>;
+    /// Free and total memory now. Not free of cost: callers sample it at a bounded rate.
+    fn mem_info(&self) -> Result<MemInfo, DeviceError>;
+    /// The alignment of every pointer returned (256 on CUDA).
+    fn alignment(&self) -> u64 {
+        crate::size::ALIGNMENT
+    }
+    /// The unit in which large driver allocations consume memory (2 MiB on CUDA).
+    fn granularity(&self) -> u64;
+    /// What this device has done so far.
+    fn stats(&self) -> DeviceStats;
+    /// A short human name ("SimDevice 16GiB", "NVIDIA H200").
+    fn name(&self) -> String;
+}

@@ -1,0 +1,356 @@
+//! `SimDevice`: a simulated GPU with a capacity, a granularity model, a cost model for driver
+//! calls, co-tenants that take and return memory, fault injection and a leak check.
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
+use super::{CostModel, Device, DevicePtr, DeviceStats, MemInfo};
+use crate::error::DeviceError;
+use crate::rng::SplitMix64;
+use crate::size::{ByteSize, GIB, MIB, align_up, round_up};
+
+/// What one driver allocation really consumes on the device.
+///
+/// Default, modelled on the CUDA driver: allocations of at least `large_threshold` (1 MiB) are
+/// backed by whole 2 MiB pages, so they consume `bytes` rounded up to 2 MiB; smaller ones are
+/// packed by the driver into shared pages and consume `bytes` rounded up to 512 B.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Granularity {
+    pub large_threshold: u64,
+    pub large_granule: u64,
+    pub small_granule: u64,
+}
+
+impl Default for Granularity {
+    fn default() -> Self {
+        Granularity {
+            large_threshold: MIB,
+            large_granule: 2 * MIB,
+            small_granule: 512,
+        }
+    }
+}
+
+impl Granularity {
+    /// Bytes consumed on the device by a driver allocation of `bytes`.
+    pub fn consumed(&self, bytes: u64) -> u64 {
+        if bytes >= self.large_threshold {
+            round_up(bytes, self.large_granule)
+        } else {
+            round_up(bytes, self.small_granule)
+        }
+    }
+}
+
+/// Driver failures to inject: the listed driver allocations (1-based), and/or a seeded rate.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FaultPlan {
+    /// Fail exactly these driver allocations (1 = the first one ever attempted).
+    pub fail_nth: Vec<u64>,
+    /// Fail each driver allocation with this probability (0.0 = never).
+    pub rate: f64,
+    /// Seed of the rate's random sequence; the same seed fails the same calls.
+    pub seed: u64,
+}
+
+/// A co-tenant's scripted step: at clock `at` (see [`SimDevice::advance_clock`]) it takes
+/// `bytes` under `tag`, or returns what it holds under `tag`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TenantAction {
+    Take { at: u64, tag: u32, bytes: u64 },
+    Release { at: u64, tag: u32 },
+}
+
+impl TenantAction {
+    fn at(&self) -> u64 {
+        match self {
+            TenantAction::Take { at, .. } | TenantAction::Release { at, .. } => *at,
+        }
+    }
+}
+
+/// What was still allocated from the device: by the allocator (driver blocks) and by tenants.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeakReport {
+    pub blocks: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Consumed bytes of every live driver allocation and tenant holding.
+    used: u64,
+    /// Next address to hand out. Addresses are never reused, so none can overlap.
+    cursor: u64,
+    live: HashMap<DevicePtr, (u64, u64)>,
+    stats: DeviceStats,
+    attempts: u64,
+    rng: SplitMix64,
+    tenant_held: HashMap<u32, u64>,
+    tenant_failures: u64,
+    script: Vec<TenantAction>,
+    script_pos: usize,
+}
+
+/// A simulated GPU. Thread-safe; every call takes one short lock.
+#[derive(Debug)]
+pub struct SimDevice {
+    capacity: u64,
+    granularity: Granularity,
+    cost: CostModel,
+    faults: FaultPlan,
+    state: Mutex<State>,
+}
+
+/// Builds a [`SimDevice`]. Defaults: 16 GiB, CUDA-like granularity, the default cost model,
+/// no faults, no co-tenants.
+#[derive(Clone, Debug)]
+pub struct SimDeviceBuilder {
+    capacity: u64,
+    granularity: Granularity,
+    cost: CostModel,
+    faults: FaultPlan,
+    script: Vec<TenantAction>,
+}
+
+impl SimDeviceBuilder {
+    pub fn capacity(mut self, bytes: u64) -> Self {
+        self.capacity = bytes;
+        self
+    }
+    pub fn granularity(mut self, g: Granularity) -> Self {
+        self.granularity = g;
+        self
+    }
+    pub fn cost_model(mut self, cost: CostModel) -> Self {
+        self.cost = cost;
+        self
+    }
+    pub fn faults(mut self, faults: FaultPlan) -> Self {
+        self.faults = faults;
+        self
+    }
+    /// Co-tenant steps, applied by [`SimDevice::advance_clock`] in order of `at`.
+    pub fn tenants(mut self, mut script: Vec<TenantAction>) -> Self {
+        script.sort_by_key(TenantAction::at);
+        self.script = script;
+        self
+    }
+    pub fn build(self) -> SimDevice {
+        let align = self.granularity.large_granule.max(crate::size::ALIGNMENT);
+        SimDevice {
+            capacity: self.capacity,
+            granularity: self.granularity,
+            cost: self.cost,
+            state: Mutex::new(State {
+                used: 0,
+                cursor: align_up(0x7f00_0000_0000, align),
+                live: HashMap::new(),
+                stats: DeviceStats::default(),
+                attempts: 0,
+                rng: SplitMix64(self.faults.seed),
+                tenant_held: HashMap::new(),
+                tenant_failures: 0,
+                script: self.script,
+                script_pos: 0,
+            }),
+            faults: self.faults,
+        }
+    }
+}
+
+impl SimDevice {
+    pub fn builder() -> SimDeviceBuilder {
+        SimDeviceBuilder {
+            capacity: 16 * GIB,
+            granularity: Granularity::default(),
+            cost: CostModel::default(),
+            faults: FaultPlan::default(),
+            script: Vec::new(),
+        }
+    }
+
+    /// A device of `capacity` bytes with every other setting at its default.
+    pub fn new(capacity: u64) -> Self {
+        Self::builder().capacity(capacity).build()
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub fn granularity_model(&self) -> Granularity {
+        self.granularity
+    }
+
+    pub fn cost_model(&self) -> &CostModel {
+        &self.cost
+    }
+
+    /// What is still allocated by callers of [`Device::allocate`] (tenants not counted).
+    pub fn leak_report(&self) -> LeakReport {
+        let s = self.state.lock();
+        LeakReport {
+            blocks: s.live.len() as u64,
+            bytes: s.live.values().map(|v| v.0).sum(),
+        }
+    }
+
+    /// Bytes of device memory in use, tenants included, at their consumed (rounded) size.
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().used
+    }
+
+    /// A co-tenant takes `bytes` now under `tag` (adding to what it holds). Fails, and counts a
+    /// tenant failure, when the device has too little free memory.
+    pub fn tenant_take(&self, tag: u32, bytes: u64) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        self.tenant_take_locked(&mut s, tag, bytes)
+    }
+
+    /// A co-tenant returns everything it holds under `tag`; returns the bytes released.
+    pub fn tenant_release(&self, tag: u32) -> u64 {
+        let mut s = self.state.lock();
+        let held = s.tenant_held.remove(&tag).unwrap_or(0);
+        s.used -= held;
+        held
+    }
+
+    /// Tenant requests the device refused so far.
+    pub fn tenant_failures(&self) -> u64 {
+        self.state.lock().tenant_failures
+    }
+
+    /// Bytes co-tenants hold now.
+    pub fn tenant_bytes(&self) -> u64 {
+        self.state.lock().tenant_held.values().sum()
+    }
+
+    /// Moves the scripted clock to `now`, applying every tenant step with `at <= now`.
+    /// Replays call it with the index of the event about to run.
+    pub fn advance_clock(&self, now: u64) {
+        let mut s = self.state.lock();
+        while s.script_pos < s.script.len() && s.script[s.script_pos].at() <= now {
+            let action = s.script[s.script_pos].clone();
+            s.script_pos += 1;
+            match action {
+                TenantAction::Take { tag, bytes, .. } => {
+                    let _ = self.tenant_take_locked(&mut s, tag, bytes);
+                }
+                TenantAction::Release { tag, .. } => {
+                    let held = s.tenant_held.remove(&tag).unwrap_or(0);
+                    s.used -= held;
+                }
+            }
+        }
+    }
+
+    fn tenant_take_locked(&self, s: &mut State, tag: u32, bytes: u64) -> Result<(), DeviceError> {
+        let consumed = self.granularity.consumed(bytes);
+        if consumed > self.capacity - s.used {
+            s.tenant_failures += 1;
+            return Err(DeviceError::OutOfMemory {
+                requested: ByteSize(bytes),
+                free: ByteSize(self.capacity - s.used),
+                total: ByteSize(self.capacity),
+            });
+        }
+        s.used += consumed;
+        *s.tenant_held.entry(tag).or_insert(0) += consumed;
+        Ok(())
+    }
+
+    fn inject_fault(&self, s: &mut State) -> bool {
+        if self.faults.fail_nth.contains(&s.attempts) {
+            return true;
+        }
+        if self.faults.rate > 0.0 {
+            return s.rng.unit() < self.faults.rate;
+        }
+        false
+    }
+}
+
+impl Device for SimDevice {
+    fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let consumed = self.granularity.consumed(bytes.max(1));
+        let mut s = self.state.lock();
+        s.attempts += 1;
+        s.stats.driver_ns += self.cost.alloc_ns(bytes);
+        if self.inject_fault(&mut s) {
+            s.stats.failed_allocs += 1;
+            return Err(DeviceError::InjectedFault {
+                requested: ByteSize(bytes),
+                nth: s.attempts,
+            });
+        }
+        if consumed > self.capacity - s.used {
+            s.stats.failed_allocs += 1;
+            return Err(DeviceError::OutOfMemory {
+                requested: ByteSize(bytes),
+                free: ByteSize(self.capacity - s.used),
+                total: ByteSize(self.capacity),
+            });
+        }
+        let align = if bytes >= self.granularity.large_threshold {
+            self.granularity.large_granule.max(crate::size::ALIGNMENT)
+        } else {
+            crate::size::ALIGNMENT
+        };
+        let ptr = align_up(s.cursor, align);
+        s.cursor = ptr + consumed;
+        s.used += consumed;
+        s.live.insert(ptr, (bytes, consumed));
+        s.stats.driver_allocs += 1;
+        s.stats.allocated_bytes += bytes;
+        Ok(ptr)
+    }
+
+    fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        let Some((bytes, consumed)) = s.live.remove(&ptr) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        s.used -= consumed;
+        s.stats.driver_frees += 1;
+        s.stats.allocated_bytes -= bytes;
+        s.stats.driver_ns += self.cost.free_ns(bytes);
+        Ok(())
+    }
+
+    fn mem_info(&self) -> Result<MemInfo, DeviceError> {
+        let mut s = self.state.lock();
+        s.stats.mem_info_calls += 1;
+        s.stats.driver_ns += self.cost.mem_info_ns;
+        Ok(MemInfo {
+            free: self.capacity - s.used,
+            total: self.capacity,
+        })
+    }
+
+    fn granularity(&self) -> u64 {
+        self.granularity.large_granule
+    }
+
+    fn stats(&self) -> DeviceStats {
+        self.state.lock().stats
+    }
+
+    fn name(&self) -> String {
+        format!("SimDevice {}", ByteSize(self.capacity))
+    }
+}
+
+impl Drop for SimDevice {
+    fn drop(&mut self) {
+        let leaks = self.leak_report();
+        if leaks.blocks > 0 {
+            tracing::warn!(
+                blocks = leaks.blocks,
+                bytes = leaks.bytes,
+                "SimDevice dropped with driver allocations still live (leak)"
+            );
+        }
+    }
+}

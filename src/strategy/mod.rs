@@ -1,0 +1,169 @@
+//! Strategies: how a size class is served. The set is closed, so it is an enum, not `dyn`.
+//!
+//! Every strategy keeps its bookkeeping on the host and obtains memory only through a
+//! [`Device`]. The allocator holds the live-pointer map and passes back the [`BlockMeta`] a
+//! strategy returned when that pointer is freed.
+
+mod caching;
+mod passthrough;
+mod slots;
+mod suballoc;
+
+pub use caching::{Caching, CachingConfig};
+pub use passthrough::Passthrough;
+pub use suballoc::{Suballoc, SuballocConfig};
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::{Device, DevicePtr};
+use crate::error::DeviceError;
+
+/// A stream id: the integer value of a `cudaStream_t` (0 = the legacy default stream).
+pub type StreamId = u64;
+
+/// The strategies by name, as the command line and policy files spell them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum StrategyKind {
+    Passthrough,
+    Caching,
+    Suballoc,
+}
+
+impl StrategyKind {
+    pub const ALL: [StrategyKind; 3] = [
+        StrategyKind::Passthrough,
+        StrategyKind::Caching,
+        StrategyKind::Suballoc,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Passthrough => "passthrough",
+            StrategyKind::Caching => "caching",
+            StrategyKind::Suballoc => "suballoc",
+        }
+    }
+}
+
+impl std::fmt::Display for StrategyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a live block came from inside its strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockMeta {
+    /// A driver allocation of its own (passthrough).
+    Direct,
+    /// A cached block of this size class.
+    Cached { class: u32 },
+    /// A block carved from a slab; the index of its node in the suballocator.
+    Sub { node: u32 },
+}
+
+/// A block handed out by a strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub ptr: DevicePtr,
+    /// Bytes the block occupies (>= the request; the difference is rounding).
+    pub block_bytes: u64,
+    /// Whether the block came without a driver call.
+    pub hit: bool,
+    pub meta: BlockMeta,
+}
+
+/// One strategy instance with its state.
+#[derive(Debug)]
+pub enum Strategy {
+    Passthrough(Passthrough),
+    Caching(Caching),
+    Suballoc(Suballoc),
+}
+
+impl Strategy {
+    pub fn kind(&self) -> StrategyKind {
+        match self {
+            Strategy::Passthrough(_) => StrategyKind::Passthrough,
+            Strategy::Caching(_) => StrategyKind::Caching,
+            Strategy::Suballoc(_) => StrategyKind::Suballoc,
+        }
+    }
+
+    /// Serves `bytes` (already aligned to 256) on `stream`.
+    pub fn allocate(
+        &mut self,
+        dev: &dyn Device,
+        bytes: u64,
+        stream: StreamId,
+    ) -> Result<Grant, DeviceError> {
+        match self {
+            Strategy::Passthrough(s) => s.allocate(dev, bytes),
+            Strategy::Caching(s) => s.allocate(dev, bytes, stream),
+            Strategy::Suballoc(s) => s.allocate(dev, bytes, stream),
+        }
+    }
+
+    /// Takes back a block this strategy granted. Releasing memory cannot fail for the caller: a
+    /// driver error on free is logged and the block forgotten.
+    pub fn deallocate(
+        &mut self,
+        dev: &dyn Device,
+        ptr: DevicePtr,
+        block_bytes: u64,
+        meta: BlockMeta,
+        stream: StreamId,
+    ) {
+        match self {
+            Strategy::Passthrough(s) => s.deallocate(dev, ptr, block_bytes),
+            Strategy::Caching(s) => s.deallocate(dev, ptr, meta, stream),
+            Strategy::Suballoc(s) => s.deallocate(dev, meta, stream),
+        }
+    }
+
+    /// Gives every idle byte that can be given back to the device; returns the bytes released.
+    pub fn release_idle(&mut self, dev: &dyn Device) -> u64 {
+        match self {
+            Strategy::Passthrough(_) => 0,
+            Strategy::Caching(s) => s.trim_to(dev, 0),
+            Strategy::Suballoc(s) => s.release_empty_slabs(dev, 0),
+        }
+    }
+
+    /// Blocks freed on `stream` become usable by every stream.
+    pub fn synchronize_stream(&mut self, stream: StreamId) {
+        match self {
+            Strategy::Passthrough(_) => {}
+            Strategy::Caching(s) => s.synchronize_stream(stream),
+            Strategy::Suballoc(s) => s.synchronize_stream(stream),
+        }
+    }
+
+    /// Bytes held from the driver.
+    pub fn reserved_bytes(&self) -> u64 {
+        match self {
+            Strategy::Passthrough(s) => s.reserved_bytes(),
+            Strategy::Caching(s) => s.reserved_bytes(),
+            Strategy::Suballoc(s) => s.reserved_bytes(),
+        }
+    }
+
+    /// Reserved bytes not in a live block.
+    pub fn idle_bytes(&self) -> u64 {
+        match self {
+            Strategy::Passthrough(_) => 0,
+            Strategy::Caching(s) => s.idle_bytes(),
+            Strategy::Suballoc(s) => s.idle_bytes(),
+        }
+    }
+
+    /// The largest request that could be served with no driver call.
+    pub fn largest_free_block(&self) -> u64 {
+        match self {
+            Strategy::Passthrough(_) => 0,
+            Strategy::Caching(s) => s.largest_free_block(),
+            Strategy::Suballoc(s) => s.largest_free_block(),
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! Block suballocation: requests are carved out of slabs taken from the device, with TLSF free
+//! lists (two-level bitmaps, O(1) search), splitting, coalescing of free neighbours, and release of
+//! empty slabs (at once, or kept up to a bound). All metadata lives on the host: nodes hold
+//! addresses and sizes, never touching device memory.
+//!
+//! Streams: a freed block joins the free lists of the stream it was freed on and is reused only
+//! by that stream until the stream is synchronized; fresh slab space is usable by every stream.
+//! Free neighbours merge when they share a stream or one of them is unrestricted (the result
+//! keeps the restriction).
+
+use super::slots::Slots;
+use super::{BlockMeta, Grant, StreamId};
+use crate::device::{Device, DevicePtr};
+use crate::error::DeviceError;
+use crate::hash::FastMap;
+use crate::size::{ALIGNMENT, GIB, MIB, round_up};
+
+/// Settings of the suballocator.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SuballocConfig {
+    /// Smallest slab taken from the device.
+    pub min_slab: u64,
+    /// Largest slab taken for requests that fit in it (a larger request gets a slab of its own size).
+    pub max_slab: u64,
+    /// A new slab is the largest power of two no bigger than `growth` x the bytes the suballocator
+    /// already reserves (clamped to min..max), so slabs follow the workload: few driver calls on
+    /// big workloads, little waste on small ones.
+    pub growth: f64,
+    /// Bytes of empty slabs kept for reuse; beyond this, an emptied slab is released at once.
+    pub max_empty_bytes: u64,
+}
+
+impl Default for SuballocConfig {
+    fn default() -> Self {
+        SuballocConfig {
+            min_slab: 2 * MIB,
+            max_slab: GIB,
+            growth: 0.25,
+            max_empty_bytes: 0,
+        }
+    }
+}
+
+const NIL: u32 = u32::MAX;
+const USED: u16 = u16::MAX;
+/// Free lists index 0: space usable by every stream.
+const ANY: u16 = 0;
+const SL_BITS: u32 = 4;
+const SL: usize = 1 << SL_BITS;
+const FL: usize = 56;
+/// Sizes are tracked in 256-byte units.
+const UNIT_SHIFT: u32 = 8;
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    addr: u64,
+    size: u64,
+    slab: u32,
+    phys_prev: u32,
+    phys_next: u32,
+    free_prev: u32,
+    free_next: u32,
+    /// Index of the free-list set holding this node, or USED.
+    list: u16,
+}
+
+#[derive(Debug, Clone)]
+struct FreeLists {
+    fl_bitmap: u64,
+    sl_bitmap: [u16; FL],
+    heads: Vec<u32>,
+}
+
+impl FreeLists {
+    fn new() -> Self {
+        FreeLists {
+            fl_bitmap: 0,
+            sl_bitmap: [0; FL],
+            heads: vec![NIL; FL * SL],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slab {
+    base: DevicePtr,
+    size: u64,
+    /// The node at `base`. Stable for the slab's life: a split keeps the front part's index and
+    /// a merge keeps the lower node's index, and nothing lies below `base`.
+    head_node: u32,
+    /// Bytes of live blocks in the slab; the slab is empty at 0, however its free space is split.
+    used: u64,
+    /// Position in `empty` while the slab is wholly free.
+    empty_pos: Option<u32>,
+}
+
+/// First- and second-level index of the list holding blocks of `size` bytes.
+#[inline]
+fn mapping(size: u64) -> (usize, usize) {
+    let u = size >> UNIT_SHIFT;
+    if u < SL as u64 {
+        return (0, u as usize);
+    }
+    let f = 63 - u.leading_zeros();
+    (
+        (f - SL_BITS + 1) as usize,
+        ((u >> (f - SL_BITS)) as usize) & (SL - 1),
+    )
+}
+
+/// The list from which every block is at least `size` bytes (size rounded up to the next list).
+#[inline]
+fn mapping_search(size: u64) -> (usize, usize) {
+    let u = size >> UNIT_SHIFT;
+    if u < SL as u64 {
+        return (0, u as usize);
+    }
+    let f = 63 - u.leading_zeros();
+    let rounded = u.saturating_add((1u64 << (f - SL_BITS)) - 1);
+    mapping(rounded << UNIT_SHIFT)
+}
+
+#[derive(Debug)]
+pub struct Suballoc {
+    config: SuballocConfig,
+    nodes: Slots<Node>,
+    lists: Vec<FreeLists>,
+    stream_list: FastMap<StreamId, u16>,
+    slabs: Slots<Slab>,
+    empty: Vec<u32>,
+    empty_bytes: u64,
+    reserved: u64,
+    used: u64,
+}
+
+impl Suballoc {
+    pub fn new(config: SuballocConfig) -> Self {
+        Suballoc {
+            config,
+            nodes: Slots::new(),
+            lists: vec![FreeLists::new()],
+            stream_list: FastMap::default(),
+            slabs: Slots::new(),
+            empty: Vec::new(),
+            empty_bytes: 0,
+            reserved: 0,
+            used: 0,
+        }
+    }
+
+    pub fn config(&self) -> SuballocConfig {
+        self.config
+    }
+
+    /// Changes how many empty-slab bytes are kept; releases the excess at once.
+    pub fn set_max_empty_bytes(&mut self, dev: &dyn Device, bound: u64) {
+        self.config.max_empty_bytes = bound;
+        self.release_empty_slabs(dev, bound);
+    }
+
+    /// Number of slabs held from the device.
+    pub fn slab_count(&self) -> usize {
+        self.slabs.live()
+    }
+
+    /// Fast path: two bitmap searches, an unlink and maybe a split (~40 ns).
+    pub(super) fn allocate(
+        &mut self,
+        dev: &dyn Device,
+        bytes: u64,
+        stream: StreamId,
+    ) -> Result<Grant, DeviceError> {
+        debug_assert!(bytes > 0 && bytes % ALIGNMENT == 0);
+        let own = self.stream_list.get(&stream).copied();
+        let found = own
+            .and_then(|li| self.find(li, bytes))
+            .or_else(|| self.find(ANY, bytes));
+        let (idx, hit) = match found {
+            Some(idx) => (idx, true),
+            None => (self.new_slab(dev, bytes)?, false),
+        };
+        let ptr = self.take(idx, bytes);
+        Ok(Grant {
+            ptr,
+            block_bytes: bytes,
+            hit,
+            meta: BlockMeta::Sub { node: idx },
+        })
+    }
+
+    /// Frees the node back into the free lists of `stream`, merging free neighbours; an emptied
+    /// slab is released unless the empty-slab bound keeps it.
+    pub(super) fn deallocate(&mut self, dev: &dyn Device, meta: BlockMeta, stream: StreamId) {
+        let BlockMeta::Sub { node } = meta else {
+            debug_assert!(false, "suballoc got a block it did not grant: {meta:?}");
+            return;
+        };
+        debug_assert_eq!(self.nodes[node].list, USED);
+        let n = self.nodes[node];
+        self.used -= n.size;
+        let slab = &mut self.slabs[n.slab];
+        slab.used -= n.size;
+        let emptied = slab.used == 0;
+        let li = self.list_for_stream(stream);
+        self.insert_free(node, li);
+        if emptied {
+            self.mark_empty(n.slab);
+            if self.empty_bytes > self.config.max_empty_bytes {
+                self.release_empty_slabs(dev, self.config.max_empty_bytes);
+            }
+        }
+    }
+
+    /// Releases empty slabs, newest first, until at most `keep` bytes of them remain.
+    pub fn release_empty_slabs(&mut self, dev: &dyn Device, keep: u64) -> u64 {
+        let mut released = 0;
+        while self.empty_bytes > keep {
+            let Some(&slab_id) = self.empty.last() else {
+                break;
+            };
+            released += self.release_slab(dev, slab_id);
+        }
+        released
+    }
+
+    pub(super) fn synchronize_stream(&mut self, stream: StreamId) {
+        let Some(&li) = self.stream_list.get(&stream) else {
+            return;
+        };
+        let mut members = Vec::new();
+        for &head in &self.lists[li as usize].heads {
+            let mut i = head;
+            while i != NIL {
+                members.push(i);
+                i = self.nodes[i].free_next;
+            }
+        }
+        for idx in members {
+            self.remove_free(idx);
+            self.insert_free(idx, ANY);
+        }
+    }
+
+    pub(super) fn reserved_bytes(&self) -> u64 {
+        self.reserved
+    }
+
+    pub(super) fn idle_bytes(&self) -> u64 {
+        self.reserved - self.used
+    }
+
+    pub(super) fn largest_free_block(&self) -> u64 {
+        self.nodes
+            .iter_all()
+            .filter(|n| n.list != USED && n.slab != NIL)
+            .map(|n| n.size)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn list_for_stream(&mut self, stream: StreamId) -> u16 {
+        if let Some(&li) = self.stream_list.get(&stream) {
+            return li;
+        }
+        let li = self.lists.len() as u16;
+        assert!(li < USED, "more than 65534 streams");
+        self.lists.push(FreeLists::new());
+        self.stream_list.insert(stream, li);
+        li
+    }
+
+    /// A free node of list set `li` of at least `bytes`, or None. Good fit in O(1); when the
+    /// rounded-up search finds nothing, scans the request's own list (a few entries) for an
+    /// exact fit, which matters when memory is tight.
+    fn find(&self, li: u16, bytes: u64) -> Option<u32> {
+        let lists = &self.lists[li as usize];
+        let (fl, sl) = mapping_search(bytes);
+        if fl < FL {
+            let sl_map = lists.sl_bitmap[fl] & (!0u16 << sl);
+            let (f, s) = if sl_map != 0 {
+                (fl, sl_map.trailing_zeros() as usize)
+            } else {
+                let fl_map = if fl + 1 < 64 {
+                    lists.fl_bitmap & (!0u64 << (fl + 1))
+                } else {
+                    0
+                };
+                if fl_map == 0 {
+                    return self.find_exact(li, bytes);
+                }
+                let f = fl_map.trailing_zeros() as usize;
+                (f, lists.sl_bitmap[f].trailing_zeros() as usize)
+            };
+            return Some(lists.heads[f * SL + s]);
+        }
+        self.find_exact(li, bytes)
+    }
+
+    #[cold]
+    fn find_exact(&self, li: u16, bytes: u64) -> Option<u32> {
+        let (fl, sl) = mapping(bytes);
+        let mut i = self.lists[li as usize].heads[fl * SL + sl];
+        let mut steps = 0;
+        while i != NIL && steps < 64 {
+            if self.nodes[i].size >= bytes {
+                return Some(i);
+            }
+            i = self.nodes[i].free_next;
+            steps += 1;
+        }
+        None
+    }
+
+    /// Takes free node `idx` for a block of `bytes`, splitting off the rest; returns its address.
+    fn take(&mut self, idx: u32, bytes: u64) -> DevicePtr {
+        let n = self.nodes[idx];
+        let slab = &mut self.slabs[n.slab];
+        let was_empty = slab.used == 0;
+        slab.used += bytes;
+        if was_empty {
+            self.unmark_empty(n.slab);
+        }
+        let li = n.list;
+        self.remove_free(idx);
+        if n.size - bytes >= ALIGNMENT {
+            let rest = self.nodes.insert(Node {
+                addr: n.addr + bytes,
+                size: n.size - bytes,
+                slab: n.slab,
+                phys_prev: idx,
+                phys_next: n.phys_next,
+                free_prev: NIL,
+                free_next: NIL,
+                list: USED,
+            });
+            if n.phys_next != NIL {
+                self.nodes[n.phys_next].phys_prev = rest;
+            }
+            let node = &mut self.nodes[idx];
+            node.size = bytes;
+            node.phys_next = rest;
+            self.push_free(rest, li);
+        }
+        self.used += self.nodes[idx].size;
+        n.addr
+    }
+
+    #[cold]
+    fn new_slab(&mut self, dev: &dyn Device, bytes: u64) -> Result<u32, DeviceError> {
+        let granule = dev.granularity().max(ALIGNMENT);
+        let exact = round_up(bytes, granule);
+        let target = (self.reserved as f64 * self.config.growth) as u64;
+        let grown = if target == 0 {
+            0
+        } else {
+            1u64 << (63 - target.leading_zeros())
+        };
+        let preferred = grown
+            .clamp(
+                self.config.min_slab,
+                self.config.max_slab.max(self.config.min_slab),
+            )
+            .max(exact);
+        let (base, size) = match dev.allocate(preferred) {
+            Ok(p) => (p, preferred),
+            // Tight device: a slab just big enough may still fit.
+            Err(e) if e.is_out_of_memory() && preferred > exact => (dev.allocate(exact)?, exact),
+            Err(e) => return Err(e),
+        };
+        self.reserved += size;
+        let slab = Slab {
+            base,
+            size,
+            head_node: NIL,
+            used: 0,
+            empty_pos: None,
+        };
+        let slab_id = self.slabs.insert(slab);
+        let idx = self.nodes.insert(Node {
+            addr: base,
+            size,
+            slab: slab_id,
+            phys_prev: NIL,
+            phys_next: NIL,
+            free_prev: NIL,
+            free_next: NIL,
+            list: USED,
+        });
+        self.slabs[slab_id].head_node = idx;
+        self.push_free(idx, ANY);
+        self.mark_empty(slab_id);
+        Ok(idx)
+    }
+
+    fn release_slab(&mut self, dev: &dyn Device, slab_id: u32) -> u64 {
+        let slab = self.slabs[slab_id];
+        self.unmark_empty(slab_id);
+        // The slab is wholly free; its free space may be split among streams' lists.
+        let mut idx = slab.head_node;
+        while idx != NIL {
+            let next = self.nodes[idx].phys_next;
+            self.remove_free(idx);
+            self.nodes[idx].slab = NIL;
+            self.nodes.release(idx);
+            idx = next;
+        }
+        self.slabs.release(slab_id);
+        self.reserved -= slab.size;
+        if let Err(e) = dev.free(slab.base) {
+            tracing::error!(ptr = slab.base, error = %e, "driver free of a slab failed; slab forgotten");
+        }
+        slab.size
+    }
+
+    fn mark_empty(&mut self, slab_id: u32) {
+        let slab = &mut self.slabs[slab_id];
+        if slab.empty_pos.is_none() {
+            slab.empty_pos = Some(self.empty.len() as u32);
+            self.empty_bytes += slab.size;
+            self.empty.push(slab_id);
+        }
+    }
+
+    fn unmark_empty(&mut self, slab_id: u32) {
+        let slab = &mut self.slabs[slab_id];
+        if let Some(pos) = slab.empty_pos.take() {
+            self.empty_bytes -= slab.size;
+            self.empty.swap_remove(pos as usize);
+            if let Some(&moved) = self.empty.get(pos as usize) {
+                self.slabs[moved].empty_pos = Some(pos);
+            }
+        }
+    }
+
+    /// Marks `idx` free in list set `li`, merging with free neighbours it may join; returns the
+    /// index of the merged node.
+    fn insert_free(&mut self, mut idx: u32, li: u16) -> u32 {
+        let mergeable = |other: u16| other != USED && (other == li || other == ANY || li == ANY);
+        let mut tag = li;
+        let prev = self.nodes[idx].phys_prev;
+        if prev != NIL && mergeable(self.nodes[prev].list) {
+            if tag == ANY {
+                tag = self.nodes[prev].list;
+            }
+            self.remove_free(prev);
+            self.absorb_next(prev);
+            idx = prev;
+        }
+        let next = self.nodes[idx].phys_next;
+        if next != NIL && (self.nodes[next].list != USED) {
+            let other = self.nodes[next].list;
+            if other == tag || other == ANY || tag == ANY {
+                if tag == ANY {
+                    tag = other;
+                }
+                self.remove_free(next);
+                self.absorb_next(idx);
+            }
+        }
+        self.push_free(idx, tag);
+        idx
+    }
+
+    /// Node `idx` swallows its physical successor, whose slot is freed.
+    fn absorb_next(&mut self, idx: u32) {
+        let next = self.nodes[idx].phys_next;
+        let nn = self.nodes[next];
+        let after = nn.phys_next;
+        let node = &mut self.nodes[idx];
+        node.size += nn.size;
+        node.phys_next = after;
+        if after != NIL {
+            self.nodes[after].phys_prev = idx;
+        }
+        self.nodes[next].slab = NIL;
+        self.nodes.release(next);
+    }
+
+    fn push_free(&mut self, idx: u32, li: u16) {
+        let (fl, sl) = mapping(self.nodes[idx].size);
+        let lists = &mut self.lists[li as usize];
+        let head = lists.heads[fl * SL + sl];
+        lists.heads[fl * SL + sl] = idx;
+        lists.fl_bitmap |= 1 << fl;
+        lists.sl_bitmap[fl] |= 1 << sl;
+        if head != NIL {
+            self.nodes[head].free_prev = idx;
+        }
+        let n = &mut self.nodes[idx];
+        n.free_prev = NIL;
+        n.free_next = head;
+        n.list = li;
+    }
+
+    fn remove_free(&mut self, idx: u32) {
+        let n = self.nodes[idx];
+        debug_assert_ne!(n.list, USED);
+        let (fl, sl) = mapping(n.size);
+        if n.free_prev != NIL {
+            self.nodes[n.free_prev].free_next = n.free_next;
+        } else {
+            let lists = &mut self.lists[n.list as usize];
+            lists.heads[fl * SL + sl] = n.free_next;
+            if n.free_next == NIL {
+                lists.sl_bitmap[fl] &= !(1 << sl);
+                if lists.sl_bitmap[fl] == 0 {
+                    lists.fl_bitmap &= !(1 << fl);
+                }
+            }
+        }
+        if n.free_next != NIL {
+            self.nodes[n.free_next].free_prev = n.free_prev;
+        }
+        self.nodes[idx].list = USED;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapping_search_never_returns_a_smaller_list() {
+        for units in 1..5000u64 {
+            let size = units << UNIT_SHIFT;
+            let (fl, sl) = mapping_search(size);
+            // The smallest size that maps to (fl, sl) must be >= size.
+            let min_of_list = (1..=units * 2)
+                .map(|u| u << UNIT_SHIFT)
+                .find(|&s| mapping(s) == (fl, sl))
+                .unwrap();
+            assert!(min_of_list >= size, "size {size}: list min {min_of_list}");
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Replay: drives an allocator through a trace and measures what it did.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{Op, Trace};
+use crate::allocator::Allocator;
+use crate::device::DevicePtr;
+
+/// What a replay measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReplayMetrics {
+    /// Events replayed (all passes).
+    pub events: u64,
+    /// Allocations the allocator refused (their frees are skipped).
+    pub failed_allocs: u64,
+    /// Driver allocations and frees made during the replay.
+    pub driver_allocs: u64,
+    pub driver_frees: u64,
+    /// Time in the driver: modelled on SimDevice, measured on a GPU.
+    pub modeled_driver_ns: u64,
+    pub peak_live_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// Out-of-memory errors recovered by releasing idle memory.
+    pub oom_recoveries: u64,
+    /// Wall-clock time of the replay on this machine (allocator overhead, not the GPU's).
+    pub wall_ns: u64,
+}
+
+impl ReplayMetrics {
+    /// True when every allocation succeeded.
+    pub fn completed(&self) -> bool {
+        self.failed_allocs == 0
+    }
+}
+
+/// How to replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// Replays the trace this many times back to back (blocks still live at the end of a pass
+    /// are freed between passes), to model several training steps.
+    pub repeat: u32,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions { repeat: 1 }
+    }
+}
+
+/// Replays `trace` once through `alloc`.
+pub fn replay(trace: &Trace, alloc: &Allocator) -> ReplayMetrics {
+    replay_with(trace, alloc, ReplayOptions::default(), |_| {})
+}
+
+/// Replays `trace` through `alloc`; `before_event(i)` runs before global event `i` (counting
+/// across passes), for co-tenants that act at scripted points. Blocks still live at the end of
+/// each pass are freed by the replay.
+pub fn replay_with(
+    trace: &Trace,
+    alloc: &Allocator,
+    opts: ReplayOptions,
+    mut before_event: impl FnMut(u64),
+) -> ReplayMetrics {
+    let before = alloc.stats();
+    let device_before = alloc.device().stats();
+    alloc.reset_peaks();
+    let start = Instant::now();
+    let mut live: HashMap<u64, (DevicePtr, u64)> = HashMap::with_capacity(1024);
+    let mut m = ReplayMetrics::default();
+    for _ in 0..opts.repeat.max(1) {
+        for e in &trace.events {
+            before_event(m.events);
+            m.events += 1;
+            match e.op {
+                Op::Alloc => match alloc.allocate_raw(e.size, e.stream) {
+                    Ok(ptr) => {
+                        live.insert(e.id, (ptr, e.stream));
+                    }
+                    Err(_) => m.failed_allocs += 1,
+                },
+                Op::Free => {
+                    // Absent when the alloc failed: nothing to free.
+                    if let Some((ptr, stream)) = live.remove(&e.id) {
+                        alloc
+                            .deallocate(ptr, stream)
+                            .expect("replay frees only what it allocated");
+                    }
+                }
+            }
+        }
+        for (_, (ptr, stream)) in live.drain() {
+            alloc
+                .deallocate(ptr, stream)
+                .expect("replay frees only what it allocated");
+        }
+    }
+    m.wall_ns = start.elapsed().as_nanos() as u64;
+    let after = alloc.stats();
+    m.driver_allocs = after.driver_allocs - before.driver_allocs;
+    m.driver_frees = after.driver_frees - before.driver_frees;
+    m.oom_recoveries = after.oom_recoveries - before.oom_recoveries;
+    m.modeled_driver_ns = alloc.device().stats().driver_ns - device_before.driver_ns;
+    m.peak_live_bytes = after.live_bytes.peak;
+    m.peak_reserved_bytes = after.reserved_bytes.peak;
+    m
+}

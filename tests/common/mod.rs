@@ -1,0 +1,148 @@
+//! Helpers shared by the integration tests: strategy configurations, an invariant checker, a
+//! seeded random sequence, and the location of ../shared/traces.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use adaptalloc::device::{CostModel, Device, DevicePtr};
+use adaptalloc::size::MIB;
+use adaptalloc::strategy::{CachingConfig, SuballocConfig};
+use adaptalloc::{Allocator, AllocatorConfig, SimDevice, StrategyConfig};
+
+/// Every strategy configuration the conformance suite runs against.
+pub fn all_configs() -> Vec<(&'static str, StrategyConfig)> {
+    vec![
+        ("passthrough", StrategyConfig::Passthrough),
+        ("caching", StrategyConfig::Caching(CachingConfig::default())),
+        (
+            "caching-bounded",
+            StrategyConfig::Caching(CachingConfig {
+                max_idle_bytes: Some(8 * MIB),
+            }),
+        ),
+        (
+            "suballoc",
+            StrategyConfig::Suballoc(SuballocConfig::default()),
+        ),
+        (
+            "suballoc-keep",
+            StrategyConfig::Suballoc(SuballocConfig {
+                max_empty_bytes: 64 * MIB,
+                ..Default::default()
+            }),
+        ),
+    ]
+}
+
+pub fn sim(capacity: u64) -> Arc<SimDevice> {
+    Arc::new(
+        SimDevice::builder()
+            .capacity(capacity)
+            .cost_model(CostModel::zero())
+            .build(),
+    )
+}
+
+pub fn allocator(dev: &Arc<SimDevice>, config: StrategyConfig) -> Allocator {
+    Allocator::new(dev.clone() as Arc<dyn Device>, AllocatorConfig::new(config))
+}
+
+/// Checks the allocator's invariants against the blocks the test holds: no two live blocks
+/// overlap, every pointer is 256-byte aligned, live bytes match, reserved = live + idle +
+/// rounding (rounding within its documented bound), and the device holds exactly `reserved`.
+pub fn check_invariants(
+    name: &str,
+    alloc: &Allocator,
+    dev: &SimDevice,
+    live: &[(DevicePtr, u64, u64)],
+) {
+    let mut sorted: Vec<(DevicePtr, u64)> = live.iter().map(|&(p, s, _)| (p, s)).collect();
+    sorted.sort_unstable();
+    for w in sorted.windows(2) {
+        assert!(
+            w[0].0 + w[0].1 <= w[1].0,
+            "{name}: blocks overlap: {:#x}+{} and {:#x}",
+            w[0].0,
+            w[0].1,
+            w[1].0
+        );
+    }
+    for &(p, _) in &sorted {
+        assert_eq!(p % 256, 0, "{name}: pointer {p:#x} not 256-byte aligned");
+    }
+    let st = alloc.stats();
+    let live_bytes: u64 = live.iter().map(|l| l.1).sum();
+    assert_eq!(st.live_bytes.current, live_bytes, "{name}: live bytes");
+    assert_eq!(
+        st.live_blocks.current,
+        live.len() as u64,
+        "{name}: live blocks"
+    );
+    assert_eq!(
+        st.reserved_bytes.current,
+        st.live_bytes.current + st.idle_bytes.current + st.rounding_bytes,
+        "{name}: reserved = live + idle + rounding"
+    );
+    // Rounding: 256-byte alignment plus at most 12.5% size-class rounding per block.
+    assert!(
+        st.rounding_bytes <= live_bytes / 8 + 256 * live.len() as u64,
+        "{name}: rounding {} too large",
+        st.rounding_bytes
+    );
+    assert_eq!(
+        dev.stats().allocated_bytes,
+        st.reserved_bytes.current,
+        "{name}: device holds exactly reserved"
+    );
+}
+
+/// A seeded test sequence (the library's SplitMix64) with a log-uniform size helper.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn below(&mut self, n: u64) -> u64 {
+        let mut g = adaptalloc::rng::SplitMix64(self.0);
+        let v = g.below(n);
+        self.0 = g.0;
+        v
+    }
+    /// A size spread log-uniformly over [1, max].
+    pub fn size(&mut self, max: u64) -> u64 {
+        let bits = 64 - max.leading_zeros() as u64;
+        let b = self.below(bits) + 1;
+        self.below(1u64 << b).clamp(1, max)
+    }
+}
+
+/// `../shared/traces` relative to the project root, if present.
+pub fn traces_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        skip("../shared/traces is absent; trace tests need it");
+        None
+    }
+}
+
+/// Every CSV trace in ../shared/traces, sorted by name.
+pub fn trace_files() -> Vec<PathBuf> {
+    let Some(dir) = traces_dir() else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("traces dir readable")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Prints a skip reason past the test harness's output capture, so it shows in a plain
+/// `cargo test` run.
+pub fn skip(reason: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
+}
