@@ -9,11 +9,11 @@ use parking_lot::Mutex;
 use crate::device::{Device, DevicePtr, DeviceStats, MemInfo};
 use crate::error::{AllocError, DeviceError};
 use crate::hash::FastMap;
+use crate::policy::{BUCKETS, Engine, Policy, bucket_of};
 use crate::size::{ALIGNMENT, ByteSize, align_up};
 use crate::stats::{Stats, StrategyStats};
 use crate::strategy::{
-    BlockMeta, Caching, CachingConfig, Passthrough, Strategy, StrategyKind, StreamId, Suballoc,
-    SuballocConfig,
+    BlockMeta, Caching, CachingConfig, Passthrough, Strategy, StrategyKind, StreamId, Suballoc, SuballocConfig,
 };
 
 /// Which strategy serves requests, with its settings.
@@ -67,6 +67,8 @@ type PtrMap<V> = FastMap<DevicePtr, V>;
 #[derive(Clone, Copy, Debug)]
 struct Live {
     requested: u64,
+    /// The operation count at allocation, for lifetimes.
+    born: u64,
     block: u64,
     stream: StreamId,
     strategy: u8,
@@ -102,6 +104,9 @@ impl Device for Metered {
     fn granularity(&self) -> u64 {
         self.inner.granularity()
     }
+    fn footprint(&self, bytes: u64) -> u64 {
+        self.inner.footprint(bytes)
+    }
     fn stats(&self) -> DeviceStats {
         self.inner.stats()
     }
@@ -116,13 +121,46 @@ struct State {
     strategy_stats: Vec<StrategyStats>,
     live: PtrMap<Live>,
     stats: Stats,
+    /// Strategy index of each size class ([`bucket_of`]); the engine changes it.
+    routes: [u8; BUCKETS],
+    engine: Option<Box<Engine>>,
+    /// Operations so far (allocations and frees).
+    op: u64,
+    /// Free device memory is under the policy's low watermark: place compactly.
+    pressure: bool,
+    /// Free device memory is under the policy's headroom: keep no releasable idle memory.
+    below_headroom: bool,
 }
 
 impl State {
-    /// The seam where the policy engine routes a size class; today one strategy serves all.
+    /// After an operation: feed the engine's controller when it is due. Cost: one compare.
     #[inline]
-    fn route(&self, _bytes: u64) -> usize {
-        0
+    fn maybe_tick(&mut self, dev: &dyn Device) {
+        if let Some(e) = self.engine.as_deref_mut() {
+            if e.due(self.op) {
+                e.tick(
+                    &mut self.strategies,
+                    dev,
+                    &mut self.routes,
+                    self.op,
+                    self.stats.live_bytes.current,
+                );
+                self.pressure = e.in_pressure();
+                self.below_headroom = e.below_headroom();
+                self.refresh();
+            }
+        }
+    }
+
+    /// Samples free memory now and enforces the bounds (after a driver allocation, or when idle
+    /// memory appears under the headroom); updates the pressure flags.
+    #[cold]
+    fn resample(&mut self, dev: &dyn Device) {
+        if let Some(e) = self.engine.as_deref_mut() {
+            e.resample(&mut self.strategies, dev, self.op);
+            self.pressure = e.in_pressure();
+            self.below_headroom = e.below_headroom();
+        }
     }
 
     /// Re-derives reserved and idle bytes from the strategies (1-3 of them: a few adds).
@@ -141,10 +179,7 @@ impl State {
             StrategyKind::Caching => 0,
             _ => 1,
         });
-        let released = order
-            .into_iter()
-            .map(|i| self.strategies[i].release_idle(dev))
-            .sum();
+        let released = order.into_iter().map(|i| self.strategies[i].release_idle(dev)).sum();
         self.refresh();
         released
     }
@@ -156,6 +191,8 @@ struct Shared {
     capacity: u64,
     release_on_oom: bool,
     state: Mutex<State>,
+    /// Where to write the tuning report when the allocator is dropped (ADAPTALLOC_REPORT).
+    report_path: Mutex<Option<std::path::PathBuf>>,
 }
 
 /// A device memory allocator. `Send + Sync`: share it by reference or clone it (clones share
@@ -171,11 +208,17 @@ pub struct Allocator {
 
 impl Allocator {
     pub fn new(device: Arc<dyn Device>, config: AllocatorConfig) -> Self {
+        Self::from_parts(device, &[config.strategy], config.release_on_oom)
+    }
+
+    fn from_parts(device: Arc<dyn Device>, configs: &[StrategyConfig], release_on_oom: bool) -> Self {
         let capacity = device.mem_info().map(|m| m.total).unwrap_or(u64::MAX);
-        let strategy = config.strategy.build();
-        let kind = strategy.kind();
+        let strategies: Vec<Strategy> = configs.iter().map(|c| c.build()).collect();
         let stats = Stats {
-            per_strategy: vec![(kind, StrategyStats::default())],
+            per_strategy: strategies
+                .iter()
+                .map(|s| (s.kind(), StrategyStats::default()))
+                .collect(),
             ..Stats::default()
         };
         Allocator {
@@ -186,23 +229,89 @@ impl Allocator {
                     frees: AtomicU64::new(0),
                 },
                 capacity,
-                release_on_oom: config.release_on_oom,
+                release_on_oom,
                 state: Mutex::new(State {
-                    strategies: vec![strategy],
-                    strategy_stats: vec![StrategyStats::default()],
+                    strategy_stats: vec![StrategyStats::default(); strategies.len()],
+                    strategies,
                     live: PtrMap::default(),
                     stats,
+                    routes: [0; BUCKETS],
+                    engine: None,
+                    op: 0,
+                    pressure: false,
+                    below_headroom: false,
                 }),
+                report_path: Mutex::new(None),
             }),
         }
     }
 
+    /// An allocator run by the policy engine: adaptive routing, bounds that follow free device
+    /// memory, release-and-retry on OOM, and a tuning report ([`Allocator::report`]).
+    pub fn with_policy(device: Arc<dyn Device>, policy: Policy) -> Self {
+        let total = device.mem_info().map(|m| m.total).unwrap_or(u64::MAX);
+        let max_idle = policy.bounds.max_idle.resolve(total);
+        let caching = StrategyConfig::Caching(CachingConfig {
+            max_idle_bytes: Some(max_idle),
+            rounding: policy.caching.rounding,
+        });
+        let suballoc = StrategyConfig::Suballoc(SuballocConfig {
+            min_slab: policy.suballoc.min_slab.0,
+            max_slab: policy.suballoc.max_slab.0,
+            growth: policy.suballoc.growth,
+            max_empty_bytes: max_idle,
+            segregate: policy.suballoc.segregate == crate::policy::Segregate::Always,
+        });
+        let configs = match policy.routing.mode.fixed() {
+            Some(StrategyKind::Passthrough) => vec![StrategyConfig::Passthrough],
+            Some(StrategyKind::Caching) => vec![caching],
+            Some(StrategyKind::Suballoc) => vec![suballoc],
+            None => vec![StrategyConfig::Passthrough, caching, suballoc],
+        };
+        let alloc = Self::from_parts(device, &configs, policy.oom.release_and_retry);
+        {
+            let mut st = alloc.shared.state.lock();
+            let kinds = st.strategies.iter().map(Strategy::kind).collect();
+            let engine = Engine::new(policy, kinds, total);
+            st.routes = engine.initial_routes();
+            st.engine = Some(Box::new(engine));
+        }
+        alloc
+    }
+
+    /// The allocator its environment asks for: the policy named by `ADAPTALLOC_POLICY` (a file
+    /// or a preset name; the built-in default when unset), writing a tuning report to
+    /// `ADAPTALLOC_REPORT` (.toml, .json or .md) when dropped. A broken policy file is an error
+    /// naming the file, line and key; no allocator starts on a half-read policy.
+    pub fn from_env(device: Arc<dyn Device>) -> Result<Self, crate::error::ConfigError> {
+        let policy = Policy::from_env()?;
+        let alloc = Self::with_policy(device, policy);
+        if let Ok(path) = std::env::var("ADAPTALLOC_REPORT") {
+            if !path.trim().is_empty() {
+                alloc.set_report_path(Some(path.into()));
+            }
+        }
+        Ok(alloc)
+    }
+
+    /// Writes the tuning report to `path` when the last clone of this allocator is dropped.
+    pub fn set_report_path(&self, path: Option<std::path::PathBuf>) {
+        *self.shared.report_path.lock() = path;
+    }
+
+    /// The tuning report so far; None for allocators built without a policy.
+    pub fn report(&self) -> Option<crate::report::TuningReport> {
+        self.shared.report()
+    }
+
+    /// The zero-configuration allocator: the built-in default policy.
+    pub fn adaptive(device: Arc<dyn Device>) -> Self {
+        Self::with_policy(device, Policy::default())
+    }
+
     /// An allocator of one strategy with its default settings, releasing idle memory on OOM.
     pub fn with_strategy(device: Arc<dyn Device>, kind: StrategyKind) -> Self {
-        Self::new(
-            device,
-            AllocatorConfig::new(StrategyConfig::default_for(kind)),
-        )
+        Self::new(device, AllocatorConfig::new(StrategyConfig::default_for(kind)))
     }
 
     /// The device this allocator takes memory from.
@@ -255,13 +364,7 @@ impl Allocator {
     /// A snapshot of the statistics.
     pub fn stats(&self) -> Stats {
         let st = self.shared.state.lock();
-        let mut stats = st.stats.clone();
-        for (i, (_, s)) in stats.per_strategy.iter_mut().enumerate() {
-            *s = st.strategy_stats[i];
-        }
-        stats.driver_allocs = self.shared.device.allocs.load(Ordering::Relaxed);
-        stats.driver_frees = self.shared.device.frees.load(Ordering::Relaxed);
-        stats
+        self.shared.snapshot(&st)
     }
 
     /// Restarts every peak from the current value (say, between training steps).
@@ -275,13 +378,7 @@ impl Allocator {
 
     /// The strategies in use, in routing order.
     pub fn strategies(&self) -> Vec<StrategyKind> {
-        self.shared
-            .state
-            .lock()
-            .strategies
-            .iter()
-            .map(Strategy::kind)
-            .collect()
+        self.shared.state.lock().strategies.iter().map(Strategy::kind).collect()
     }
 }
 
@@ -297,13 +394,24 @@ impl Shared {
             });
         }
         let aligned = align_up(bytes, ALIGNMENT);
+        let bucket = bucket_of(aligned);
         let mut st = self.state.lock();
-        let si = st.route(aligned);
+        st.op += 1;
+        let si = st.routes[bucket] as usize;
         // Fast path: the strategy serves it (a cache hit or a slab carve makes no driver call).
-        let grant = match st.strategies[si].allocate(&self.device, aligned, stream) {
-            Ok(g) => g,
+        let attempt = if st.pressure {
+            Self::allocate_compact(&mut st, si, aligned, stream, &self.device)
+        } else {
+            st.strategies[si]
+                .allocate(&self.device, aligned, stream)
+                .map(|g| (g, si))
+        };
+        let grant = match attempt {
+            Ok(found) => found,
             Err(e) => self.allocate_after_error(&mut st, si, aligned, bytes, stream, e)?,
         };
+        let (grant, si) = grant;
+        let op = st.op;
         let ss = &mut st.strategy_stats[si];
         if grant.hit {
             ss.hits += 1;
@@ -314,16 +422,24 @@ impl Shared {
             grant.ptr,
             Live {
                 requested: bytes,
+                born: op,
                 block: grant.block_bytes,
                 stream,
                 strategy: si as u8,
                 meta: grant.meta,
             },
         );
+        if let Some(e) = st.engine.as_deref_mut() {
+            e.on_alloc(bucket, bytes, op);
+        }
+        if !grant.hit {
+            st.resample(&self.device);
+        }
         st.stats.live_bytes.add(bytes);
         st.stats.live_blocks.add(1);
         st.stats.rounding_bytes += grant.block_bytes - bytes;
         st.refresh();
+        st.maybe_tick(&self.device);
         Ok(grant.ptr)
     }
 
@@ -337,7 +453,7 @@ impl Shared {
         bytes: u64,
         stream: StreamId,
         err: DeviceError,
-    ) -> Result<crate::strategy::Grant, AllocError> {
+    ) -> Result<(crate::strategy::Grant, usize), AllocError> {
         if !err.is_out_of_memory() {
             st.stats.failed_allocs += 1;
             return Err(AllocError::Device(err));
@@ -354,7 +470,7 @@ impl Shared {
                             released,
                             "out of memory: released idle memory and retried"
                         );
-                        return Ok(g);
+                        return Ok((g, si));
                     }
                     Err(e) if e.is_out_of_memory() => last = e,
                     Err(e) => {
@@ -363,13 +479,15 @@ impl Shared {
                     }
                 }
             }
+            if let Some(found) = Self::allocate_fallback(st, si, aligned, stream, &self.device) {
+                st.stats.oom_recoveries += 1;
+                tracing::info!(requested = bytes, "out of memory: served by a fallback strategy");
+                return Ok(found);
+            }
         }
         st.stats.failed_allocs += 1;
         st.refresh();
-        let info = self
-            .device
-            .mem_info()
-            .unwrap_or(MemInfo { free: 0, total: 0 });
+        let info = self.device.mem_info().unwrap_or(MemInfo { free: 0, total: 0 });
         let err = AllocError::OutOfMemory {
             requested: ByteSize(bytes),
             live: ByteSize(st.stats.live_bytes.current),
@@ -390,6 +508,72 @@ impl Shared {
         Err(err)
     }
 
+    /// Under memory pressure: fill holes in slabs first (no new memory), then a cached block of
+    /// the size, then an exact-size driver allocation, so the footprint stays near passthrough's.
+    #[cold]
+    fn allocate_compact(
+        st: &mut State,
+        routed: usize,
+        aligned: u64,
+        stream: StreamId,
+        dev: &dyn Device,
+    ) -> Result<(crate::strategy::Grant, usize), DeviceError> {
+        for (i, s) in st.strategies.iter_mut().enumerate() {
+            let hit = match s {
+                Strategy::Suballoc(sub) => sub.allocate_existing(aligned, stream),
+                Strategy::Caching(c) => c.allocate_cached(dev, aligned, stream),
+                Strategy::Passthrough(_) => None,
+            };
+            if let Some(g) = hit {
+                return Ok((g, i));
+            }
+        }
+        let i = st
+            .strategies
+            .iter()
+            .position(|s| s.kind() == StrategyKind::Passthrough)
+            .unwrap_or(routed);
+        st.strategies[i].allocate(dev, aligned, stream).map(|g| (g, i))
+    }
+
+    /// The device was under the headroom at the last sample and a free just made idle memory
+    /// that could go back (a cached block, an emptied slab): give it back now.
+    #[cold]
+    fn return_idle_under_headroom(st: &mut State, dev: &dyn Device) {
+        if st.strategies.iter().map(Strategy::releasable_bytes).sum::<u64>() == 0 {
+            return;
+        }
+        st.resample(dev);
+        st.refresh();
+    }
+
+    /// Last resorts after out-of-memory: free space in existing slabs (no driver call), then an
+    /// exact-size driver allocation (a rounded cache block may not fit where the request does).
+    #[cold]
+    fn allocate_fallback(
+        st: &mut State,
+        routed: usize,
+        aligned: u64,
+        stream: StreamId,
+        dev: &dyn Device,
+    ) -> Option<(crate::strategy::Grant, usize)> {
+        for (i, s) in st.strategies.iter_mut().enumerate() {
+            if let Strategy::Suballoc(sub) = s {
+                if let Some(g) = sub.allocate_existing(aligned, stream) {
+                    return Some((g, i));
+                }
+            }
+        }
+        let i = st
+            .strategies
+            .iter()
+            .position(|s| s.kind() == StrategyKind::Passthrough)?;
+        if i == routed {
+            return None;
+        }
+        st.strategies[i].allocate(dev, aligned, stream).ok().map(|g| (g, i))
+    }
+
     fn deallocate(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
         let mut st = self.state.lock();
         let Some(live) = st.live.get(&ptr).copied() else {
@@ -403,18 +587,26 @@ impl Shared {
             });
         }
         st.live.remove(&ptr);
+        st.op += 1;
         Self::release_block(&mut st, &self.device, ptr, live);
+        if st.below_headroom {
+            Self::return_idle_under_headroom(&mut st, &self.device);
+        }
+        st.maybe_tick(&self.device);
         Ok(())
     }
 
     fn release_block(st: &mut State, dev: &dyn Device, ptr: DevicePtr, live: Live) {
-        st.strategies[live.strategy as usize].deallocate(
-            dev,
-            ptr,
-            live.block,
-            live.meta,
-            live.stream,
-        );
+        let op = st.op;
+        st.strategies[live.strategy as usize].deallocate(dev, ptr, live.block, live.meta, live.stream, op);
+        if let Some(e) = st.engine.as_deref_mut() {
+            e.on_free(
+                bucket_of(align_up(live.requested, ALIGNMENT)),
+                live.requested,
+                op - live.born,
+                op,
+            );
+        }
         st.stats.live_bytes.sub(live.requested);
         st.stats.live_blocks.sub(1);
         st.stats.rounding_bytes -= live.block - live.requested;
@@ -422,8 +614,55 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// The statistics, with per-strategy hits and driver calls filled in.
+    fn snapshot(&self, st: &State) -> Stats {
+        let mut stats = st.stats.clone();
+        for (i, (_, s)) in stats.per_strategy.iter_mut().enumerate() {
+            *s = st.strategy_stats[i];
+        }
+        stats.driver_allocs = self.device.allocs.load(Ordering::Relaxed);
+        stats.driver_frees = self.device.frees.load(Ordering::Relaxed);
+        stats.releasable_idle_bytes = st.strategies.iter().map(Strategy::releasable_bytes).sum();
+        stats
+    }
+
+    fn report(&self) -> Option<crate::report::TuningReport> {
+        let st = self.state.lock();
+        let e = st.engine.as_deref()?;
+        let stats = self.snapshot(&st);
+        let device_stats = self.device.stats();
+        Some(crate::report::TuningReport::build(crate::report::ReportInput {
+            device: self.device.name(),
+            device_total: self.capacity,
+            device_driver_ns: device_stats.driver_ns,
+            policy: e.policy(),
+            stats: &stats,
+            operations: st.op,
+            headroom: e.headroom_bytes(),
+            pressure_events: e.pressure_events,
+            released_by_bounds: e.released_by_bounds,
+            mem_info_samples: e.mem_info_samples,
+            classes: e.summaries(&st.routes),
+            route_changes: e.route_changes.clone(),
+            decisions: e.decisions.clone(),
+            timeline: e.timeline.clone(),
+        }))
+    }
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
+        if let Some(path) = self.report_path.get_mut().take() {
+            match self.report() {
+                Some(report) => {
+                    if let Err(e) = report.write_to(&path) {
+                        tracing::error!(path = %path.display(), error = %e, "cannot write the tuning report");
+                    }
+                }
+                None => tracing::warn!("ADAPTALLOC_REPORT is set but this allocator has no policy engine"),
+            }
+        }
         let st = self.state.get_mut();
         let leaked: Vec<(DevicePtr, Live)> = st.live.drain().collect();
         if !leaked.is_empty() {
@@ -438,10 +677,7 @@ impl Drop for Shared {
             Self::release_block(st, &self.device, ptr, live);
         }
         st.release_idle(&self.device);
-        debug_assert_eq!(
-            st.stats.reserved_bytes.current, 0,
-            "every byte returned on drop"
-        );
+        debug_assert_eq!(st.stats.reserved_bytes.current, 0, "every byte returned on drop");
     }
 }
 

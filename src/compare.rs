@@ -6,7 +6,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::allocator::{Allocator, AllocatorConfig, StrategyConfig};
-use crate::device::{CostModel, Device, SimDevice};
+use crate::device::{CostModel, Device, Granularity, SimDevice};
+use crate::policy::Policy;
 use crate::size::{ByteSize, GIB, round_up};
 use crate::strategy::{CachingConfig, StrategyKind};
 use crate::trace::{ReplayOptions, Trace, replay_with};
@@ -31,9 +32,7 @@ impl Capacity {
     pub fn bytes_for(self, peak_live: u64, granule: u64) -> u64 {
         match self {
             Capacity::Bytes(b) => b,
-            Capacity::Factor(f) => {
-                round_up(((peak_live as f64) * f).ceil() as u64, granule).max(granule)
-            }
+            Capacity::Factor(f) => round_up(((peak_live as f64) * f).ceil() as u64, granule).max(granule),
         }
     }
 }
@@ -48,20 +47,26 @@ pub enum Contender {
     Caching,
     /// Block suballocation with default slabs.
     Suballoc,
+    /// The policy engine with the built-in default policy (zero configuration).
+    Adaptive,
 }
 
 impl Contender {
-    pub const ALL: [Contender; 3] = [
+    pub const ALL: [Contender; 4] = [
         Contender::Passthrough,
         Contender::Caching,
         Contender::Suballoc,
+        Contender::Adaptive,
     ];
+    /// The single fixed strategies (no engine).
+    pub const FIXED: [Contender; 3] = [Contender::Passthrough, Contender::Caching, Contender::Suballoc];
 
     pub fn name(self) -> &'static str {
         match self {
             Contender::Passthrough => "passthrough",
             Contender::Caching => "caching",
             Contender::Suballoc => "suballoc",
+            Contender::Adaptive => "adaptive",
         }
     }
 
@@ -69,18 +74,25 @@ impl Contender {
         Self::ALL.into_iter().find(|c| c.name() == name)
     }
 
-    pub fn config(self) -> AllocatorConfig {
+    /// A fresh allocator of this kind on `dev`.
+    pub fn build(self, dev: Arc<dyn Device>) -> Allocator {
         match self {
-            Contender::Passthrough => AllocatorConfig::new(StrategyConfig::Passthrough),
-            Contender::Caching => AllocatorConfig {
-                strategy: StrategyConfig::Caching(CachingConfig {
-                    max_idle_bytes: None,
-                }),
-                release_on_oom: false,
-            },
-            Contender::Suballoc => {
-                AllocatorConfig::new(StrategyConfig::default_for(StrategyKind::Suballoc))
-            }
+            Contender::Passthrough => Allocator::new(dev, AllocatorConfig::new(StrategyConfig::Passthrough)),
+            Contender::Caching => Allocator::new(
+                dev,
+                AllocatorConfig {
+                    strategy: StrategyConfig::Caching(CachingConfig {
+                        max_idle_bytes: None,
+                        ..Default::default()
+                    }),
+                    release_on_oom: false,
+                },
+            ),
+            Contender::Suballoc => Allocator::new(
+                dev,
+                AllocatorConfig::new(StrategyConfig::default_for(StrategyKind::Suballoc)),
+            ),
+            Contender::Adaptive => Allocator::with_policy(dev, Policy::default()),
         }
     }
 }
@@ -140,27 +152,15 @@ impl Default for CompareOptions {
 }
 
 /// Runs one contender over one trace on a fresh SimDevice of `capacity` bytes.
-pub fn run_one(
-    trace: &Trace,
-    contender: Contender,
-    capacity: u64,
-    opts: &CompareOptions,
-) -> StrategyResult {
+pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions) -> StrategyResult {
     let dev = Arc::new(
         SimDevice::builder()
             .capacity(capacity)
             .cost_model(opts.cost_model.clone())
             .build(),
     );
-    let alloc = Allocator::new(dev.clone() as Arc<dyn Device>, contender.config());
-    let m = replay_with(
-        trace,
-        &alloc,
-        ReplayOptions {
-            repeat: opts.repeat,
-        },
-        |_| {},
-    );
+    let alloc = contender.build(dev.clone() as Arc<dyn Device>);
+    let m = replay_with(trace, &alloc, ReplayOptions { repeat: opts.repeat }, |_| {});
     StrategyResult {
         strategy: contender.name().into(),
         completed: m.completed(),
@@ -188,11 +188,7 @@ pub fn compare(traces: &[Trace], opts: &CompareOptions) -> Comparison {
                 events: t.events.len() as u64 * opts.repeat.max(1) as u64,
                 peak_live_bytes: peak,
                 capacity_bytes: per_trace.then_some(capacity),
-                results: opts
-                    .contenders
-                    .iter()
-                    .map(|&c| run_one(t, c, capacity, opts))
-                    .collect(),
+                results: opts.contenders.iter().map(|&c| run_one(t, c, capacity, opts)).collect(),
             }
         })
         .collect();
@@ -200,10 +196,7 @@ pub fn compare(traces: &[Trace], opts: &CompareOptions) -> Comparison {
         Capacity::Bytes(b) => Some(b),
         Capacity::Factor(_) => None,
     };
-    Comparison {
-        capacity_bytes,
-        traces,
-    }
+    Comparison { capacity_bytes, traces }
 }
 
 impl std::fmt::Display for Comparison {
@@ -226,13 +219,7 @@ impl std::fmt::Display for Comparison {
             writeln!(
                 f,
                 "  {:<12} {:>6} {:>10} {:>9} {:>12} {:>11} {:>14}",
-                "strategy",
-                "failed",
-                "drv calls",
-                "vs pass",
-                "driver time",
-                "reserved",
-                "reserved/live"
+                "strategy", "failed", "drv calls", "vs pass", "driver time", "reserved", "reserved/live"
             )?;
             let base = t.results.iter().find(|r| r.strategy == "passthrough");
             for r in &t.results {
@@ -261,4 +248,53 @@ impl std::fmt::Display for Comparison {
         }
         Ok(())
     }
+}
+
+/// The smallest capacity on which passthrough completes `trace` on a SimDevice of granularity
+/// `g`: the most device memory its live blocks ever consume at once. Exact, no search.
+pub fn passthrough_min_capacity(trace: &Trace, g: Granularity) -> u64 {
+    let mut sizes = std::collections::HashMap::new();
+    let (mut used, mut peak) = (0u64, 0u64);
+    for e in &trace.events {
+        match e.op {
+            crate::trace::Op::Alloc => {
+                let c = g.consumed(crate::size::align_up(e.size, crate::size::ALIGNMENT));
+                sizes.insert(e.id, c);
+                used += c;
+                peak = peak.max(used);
+            }
+            crate::trace::Op::Free => used -= sizes.remove(&e.id).unwrap_or(0),
+        }
+    }
+    peak
+}
+
+/// The smallest capacity (within `tolerance`, e.g. 0.005) on which `contender` completes
+/// `trace`, by binary search over replays; None when it fails even at `max_bytes`.
+pub fn min_capacity(
+    trace: &Trace,
+    contender: Contender,
+    opts: &CompareOptions,
+    tolerance: f64,
+    max_bytes: u64,
+) -> Option<u64> {
+    let granule = Granularity::default().large_granule;
+    let completes = |cap: u64| run_one(trace, contender, cap, opts).completed;
+    let mut lo = trace.peak_live_bytes().max(1);
+    if completes(lo) {
+        return Some(lo);
+    }
+    let mut hi = round_up(lo.saturating_mul(2), granule).min(max_bytes.max(lo));
+    while !completes(hi) {
+        if hi >= max_bytes {
+            return None;
+        }
+        lo = hi;
+        hi = hi.saturating_mul(2).min(max_bytes);
+    }
+    while (hi - lo) as f64 > tolerance * lo as f64 && hi - lo > 256 {
+        let mid = lo + (hi - lo) / 2;
+        if completes(mid) { hi = mid } else { lo = mid }
+    }
+    Some(hi)
 }

@@ -13,7 +13,7 @@ pub(crate) fn toml_error(file: &str, text: &str, err: &toml::de::Error) -> Confi
         file: file.to_string(),
         line,
         column,
-        key: key_in_message(&message),
+        key: key_at_line(text, line).or_else(|| key_in_message(&message)),
         message,
     }
 }
@@ -24,6 +24,36 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
     (line, column)
+}
+
+/// The dotted key defined on 1-based `line` (`table.key` for `key = value` under `[table]`,
+/// `table` for a header line), if the line defines one.
+fn key_at_line(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let here = lines.get(line.checked_sub(1)?)?.trim();
+    let header = |l: &str| {
+        l.strip_prefix('[').map(|h| {
+            h.trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+    };
+    if let Some(h) = header(here) {
+        return (!h.is_empty()).then_some(h);
+    }
+    let (lhs, _) = here.split_once('=')?;
+    let name = lhs.trim().trim_matches('"');
+    if name.is_empty() || name.starts_with('#') {
+        return None;
+    }
+    let table = lines[..line - 1].iter().rev().find_map(|l| header(l.trim()));
+    Some(match table {
+        Some(t) if !t.is_empty() => format!("{t}.{name}"),
+        _ => name.to_string(),
+    })
 }
 
 /// serde names a key in backticks ("unknown field `speed`, expected ..."): take the first.

@@ -20,9 +20,7 @@ pub enum DeviceError {
     },
 
     /// A fault injected by a test (SimDevice), reported like a driver out-of-memory.
-    #[error(
-        "injected driver failure on driver allocation #{nth} (asked for {requested}); this is a test fault"
-    )]
+    #[error("injected driver failure on driver allocation #{nth} (asked for {requested}); this is a test fault")]
     InjectedFault { requested: ByteSize, nth: u64 },
 
     /// No CUDA driver library could be loaded on this machine.
@@ -30,9 +28,7 @@ pub enum DeviceError {
     NoDriver { reason: String },
 
     /// A driver call returned an error code.
-    #[error(
-        "CUDA driver call {call} failed with {code}; check the device ordinal and driver state"
-    )]
+    #[error("CUDA driver call {call} failed with {code}; check the device ordinal and driver state")]
     Driver { call: &'static str, code: String },
 
     /// The device was asked to free a pointer it did not hand out.
@@ -58,10 +54,7 @@ pub enum AllocError {
 
     /// Permanent: the request can never fit on this device.
     #[error("request of {requested} can never fit: the device has {capacity} in total")]
-    TooLarge {
-        requested: ByteSize,
-        capacity: ByteSize,
-    },
+    TooLarge { requested: ByteSize, capacity: ByteSize },
 
     /// Transient: the device is full right now. Freeing memory (or, for other tenants, waiting)
     /// may let the same request succeed.
@@ -82,19 +75,13 @@ pub enum AllocError {
         source: DeviceError,
     },
 
-    #[error(
-        "pointer {ptr:#x} is not a live allocation of this allocator (never allocated here, or already freed)"
-    )]
+    #[error("pointer {ptr:#x} is not a live allocation of this allocator (never allocated here, or already freed)")]
     UnknownPointer { ptr: u64 },
 
     #[error(
         "pointer {ptr:#x} was allocated on stream {allocated_on} but freed on stream {freed_on}; free it on the stream it was allocated on"
     )]
-    StreamMismatch {
-        ptr: u64,
-        allocated_on: u64,
-        freed_on: u64,
-    },
+    StreamMismatch { ptr: u64, allocated_on: u64, freed_on: u64 },
 
     /// A device error that is not out-of-memory (no driver, a driver failure).
     #[error(transparent)]
@@ -142,11 +129,7 @@ pub enum TraceError {
     Read { file: String, reason: String },
 
     #[error("{file}:{line}: {message}")]
-    Parse {
-        file: String,
-        line: usize,
-        message: String,
-    },
+    Parse { file: String, line: usize, message: String },
 
     #[error(
         "{file}:{line}: free of id {id:#x}, which is not live (never allocated, or freed already); pass --lenient to skip such frees"

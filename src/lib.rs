@@ -31,6 +31,8 @@ pub(crate) mod config;
 pub mod device;
 pub mod error;
 pub(crate) mod hash;
+pub mod policy;
+pub mod report;
 pub mod rng;
 pub mod size;
 pub mod stats;

@@ -87,9 +87,7 @@ impl FromStr for ByteSize {
             "gb" => 1_000_000_000,
             "tb" => 1_000_000_000_000,
             _ => {
-                return Err(bad(
-                    "unknown unit; use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)",
-                ));
+                return Err(bad("unknown unit; use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)"));
             }
         };
         if let Ok(whole) = number.parse::<u64>() {
@@ -165,10 +163,7 @@ mod tests {
     #[test]
     fn parses_units() {
         assert_eq!("512MiB".parse::<ByteSize>().unwrap(), ByteSize(512 * MIB));
-        assert_eq!(
-            "1.5 GiB".parse::<ByteSize>().unwrap(),
-            ByteSize(3 * GIB / 2)
-        );
+        assert_eq!("1.5 GiB".parse::<ByteSize>().unwrap(), ByteSize(3 * GIB / 2));
         assert_eq!("4096".parse::<ByteSize>().unwrap(), ByteSize(4096));
         assert_eq!("2GB".parse::<ByteSize>().unwrap(), ByteSize(2_000_000_000));
         assert_eq!("1_024 KiB".parse::<ByteSize>().unwrap(), ByteSize(MIB));
@@ -177,10 +172,7 @@ mod tests {
     #[test]
     fn rejects_garbage_with_reason() {
         let err = "12 parsecs".parse::<ByteSize>().unwrap_err().to_string();
-        assert!(
-            err.contains("12 parsecs") && err.contains("unknown unit"),
-            "{err}"
-        );
+        assert!(err.contains("12 parsecs") && err.contains("unknown unit"), "{err}");
         assert!("MiB".parse::<ByteSize>().is_err());
         assert!("-5MiB".parse::<ByteSize>().is_err());
         assert!("99999999999TiB".parse::<ByteSize>().is_err());
@@ -200,10 +192,7 @@ mod tests {
         assert_eq!(align_up(512, 256), 512);
         assert_eq!(align_up(u64::MAX, 256), !255);
         assert_eq!(round_up(5, 3), 6);
-        assert_eq!(
-            round_up(u64::MAX, 2 * MIB),
-            u64::MAX - (u64::MAX % (2 * MIB))
-        );
+        assert_eq!(round_up(u64::MAX, 2 * MIB), u64::MAX - (u64::MAX % (2 * MIB)));
     }
 }
 
@@ -262,10 +251,7 @@ pub mod class {
                 assert_eq!(s % ALIGNMENT, 0);
                 assert_eq!(of(s), c, "size of class maps back to it ({b})");
                 let aligned = crate::size::align_up(b, ALIGNMENT);
-                assert!(
-                    (s - aligned) * 8 <= aligned,
-                    "waste over 12.5% for {b}: {s}"
-                );
+                assert!((s - aligned) * 8 <= aligned, "waste over 12.5% for {b}: {s}");
             }
             assert!(of(u64::MAX / 2) > of(1 << 40));
         }

@@ -26,11 +26,7 @@ impl Counter {
 
     #[inline]
     pub fn sub(&mut self, n: u64) {
-        debug_assert!(
-            self.current >= n,
-            "counter underflow: {} - {n}",
-            self.current
-        );
+        debug_assert!(self.current >= n, "counter underflow: {} - {n}", self.current);
         self.current -= n;
     }
 
@@ -70,6 +66,9 @@ pub struct Stats {
     pub reserved_bytes: Counter,
     /// Reserved bytes in no live block (cached blocks, free slab space): could be released.
     pub idle_bytes: Counter,
+    /// Idle bytes that could be given back now (cached blocks, empty slabs); the rest of the
+    /// idle bytes is free space inside slabs that hold live blocks.
+    pub releasable_idle_bytes: u64,
     /// Reserved bytes inside live blocks beyond what was asked for: size-class rounding (at most
     /// 12.5% of a cached block) and 256-byte alignment. reserved = live + idle + rounding.
     pub rounding_bytes: u64,

@@ -96,25 +96,15 @@ pub struct ChurnPhase {
 
 /// The workloads bundled with the project (from `tuning/workloads/`), by file stem.
 pub const BUNDLED: [(&str, &str); 4] = [
-    (
-        "training",
-        include_str!("../tuning/workloads/training.toml"),
-    ),
+    ("training", include_str!("../tuning/workloads/training.toml")),
     ("serving", include_str!("../tuning/workloads/serving.toml")),
-    (
-        "phase-change",
-        include_str!("../tuning/workloads/phase-change.toml"),
-    ),
-    (
-        "small-churn",
-        include_str!("../tuning/workloads/small-churn.toml"),
-    ),
+    ("phase-change", include_str!("../tuning/workloads/phase-change.toml")),
+    ("small-churn", include_str!("../tuning/workloads/small-churn.toml")),
 ];
 
 impl WorkloadSpec {
     pub fn from_toml_str(text: &str, file: &str) -> Result<Self, ConfigError> {
-        let spec: WorkloadSpec =
-            toml::from_str(text).map_err(|e| crate::config::toml_error(file, text, &e))?;
+        let spec: WorkloadSpec = toml::from_str(text).map_err(|e| crate::config::toml_error(file, text, &e))?;
         spec.validate(file)?;
         Ok(spec)
     }
@@ -155,17 +145,9 @@ impl WorkloadSpec {
                     );
                 }
                 Phase::Training(t) if !(0.0..1.0).contains(&t.jitter) => {
-                    return bad(
-                        "phase.jitter",
-                        t.jitter.to_string(),
-                        "jitter is a fraction in [0, 1)",
-                    );
+                    return bad("phase.jitter", t.jitter.to_string(), "jitter is a fraction in [0, 1)");
                 }
-                Phase::Serving(s)
-                    if s.min_tokens == 0
-                        || s.min_tokens > s.max_tokens
-                        || s.kv_block_tokens == 0 =>
-                {
+                Phase::Serving(s) if s.min_tokens == 0 || s.min_tokens > s.max_tokens || s.kv_block_tokens == 0 => {
                     return bad(
                         "phase.min_tokens",
                         format!("{}..{}", s.min_tokens, s.max_tokens),
@@ -173,15 +155,9 @@ impl WorkloadSpec {
                     );
                 }
                 Phase::Serving(s) if s.concurrency == 0 => {
-                    return bad(
-                        "phase.concurrency",
-                        "0".into(),
-                        "at least one request at a time",
-                    );
+                    return bad("phase.concurrency", "0".into(), "at least one request at a time");
                 }
-                Phase::Churn(c)
-                    if c.min_bytes.0 == 0 || c.min_bytes > c.max_bytes || c.max_live == 0 =>
-                {
+                Phase::Churn(c) if c.min_bytes.0 == 0 || c.min_bytes > c.max_bytes || c.max_live == 0 => {
                     return bad(
                         "phase.min_bytes",
                         format!("{}..{}", c.min_bytes, c.max_bytes),
@@ -209,8 +185,7 @@ impl WorkloadSpec {
                 Phase::Churn(c) => g.churn(c),
             }
         }
-        Trace::from_events(self.name.clone(), g.events, false)
-            .expect("generated traces are consistent")
+        Trace::from_events(self.name.clone(), g.events, false).expect("generated traces are consistent")
     }
 }
 
@@ -262,9 +237,7 @@ impl Gen {
     }
 
     fn training(&mut self, t: &TrainingPhase) {
-        let weights: Vec<_> = (0..t.layers)
-            .map(|_| self.alloc(t.weight_bytes.0))
-            .collect();
+        let weights: Vec<_> = (0..t.layers).map(|_| self.alloc(t.weight_bytes.0)).collect();
         let mut optimizer = Vec::new();
         for step in 0..t.steps {
             let scale = 1.0 + t.jitter * (2.0 * self.unit() - 1.0);
@@ -309,11 +282,8 @@ impl Gen {
             kv: (u64, u64),
         }
         let weights = (s.weight_bytes.0 > 0).then(|| self.alloc(s.weight_bytes.0));
-        let kv_bytes = |tokens: u64| {
-            tokens.div_ceil(s.kv_block_tokens as u64)
-                * s.kv_block_tokens as u64
-                * s.kv_bytes_per_token.0
-        };
+        let kv_bytes =
+            |tokens: u64| tokens.div_ceil(s.kv_block_tokens as u64) * s.kv_block_tokens as u64 * s.kv_bytes_per_token.0;
         let mut started = 0;
         let mut active: Vec<Request> = Vec::new();
         while started < s.requests || !active.is_empty() {
@@ -394,11 +364,8 @@ mod tests {
 
     #[test]
     fn bad_specs_name_the_key() {
-        let err = WorkloadSpec::from_toml_str(
-            "name = \"x\"\n[[phase]]\nkind = \"training\"\nsteps = 1\n",
-            "w.toml",
-        )
-        .unwrap_err();
+        let err = WorkloadSpec::from_toml_str("name = \"x\"\n[[phase]]\nkind = \"training\"\nsteps = 1\n", "w.toml")
+            .unwrap_err();
         assert!(err.to_string().contains("w.toml"), "{err}");
         let err = WorkloadSpec::from_toml_str(
             "name = \"x\"\n[[phase]]\nkind = \"churn\"\noperations = 5\nmin_bytes = \"1MiB\"\nmax_bytes = \"1KiB\"\nmax_live = 3\n",
@@ -406,11 +373,8 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("phase.min_bytes"), "{err}");
-        let err = WorkloadSpec::from_toml_str(
-            "name = \"x\"\nbogus = 1\n[[phase]]\nkind = \"churn\"\n",
-            "w.toml",
-        )
-        .unwrap_err();
+        let err = WorkloadSpec::from_toml_str("name = \"x\"\nbogus = 1\n[[phase]]\nkind = \"churn\"\n", "w.toml")
+            .unwrap_err();
         assert!(err.to_string().contains("bogus"), "{err}");
     }
 }

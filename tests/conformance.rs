@@ -58,10 +58,7 @@ fn dropping_the_allocator_returns_every_byte() {
             }
             // Handles outlive the allocator value; they keep its state alive.
             drop(alloc);
-            assert!(
-                dev.leak_report().blocks > 0,
-                "{name}: handles still hold memory"
-            );
+            assert!(dev.leak_report().blocks > 0, "{name}: handles still hold memory");
             drop(handles);
         }
         assert_eq!(dev.leak_report().blocks, 0, "{name}: leak check");
@@ -98,11 +95,7 @@ fn invalid_frees_are_errors_that_change_nothing() {
         assert_eq!(alloc.stats(), before, "{name}: failed frees change nothing");
         alloc.deallocate(a, 1).unwrap();
         let err = alloc.deallocate(a, 1).unwrap_err();
-        assert_eq!(
-            err,
-            AllocError::UnknownPointer { ptr: a },
-            "{name}: double free"
-        );
+        assert_eq!(err, AllocError::UnknownPointer { ptr: a }, "{name}: double free");
         assert!(err.to_string().contains("already freed"), "{err}");
         check_invariants(name, &alloc, &dev, &[]);
     }
@@ -113,11 +106,7 @@ fn extreme_sizes_are_typed_errors() {
     for (name, config) in all_configs() {
         let dev = sim(4 * GIB);
         let alloc = allocator(&dev, config);
-        assert_eq!(
-            alloc.allocate_raw(0, 0),
-            Err(AllocError::ZeroSize),
-            "{name}"
-        );
+        assert_eq!(alloc.allocate_raw(0, 0), Err(AllocError::ZeroSize), "{name}");
         for size in [4 * GIB + 1, u64::MAX, u64::MAX - 255] {
             match alloc.allocate_raw(size, 0) {
                 Err(AllocError::TooLarge { .. }) => {}
@@ -164,10 +153,7 @@ fn injected_driver_failure_is_a_clear_oom_and_the_allocator_stays_usable() {
             "largest free block",
             "injected",
         ] {
-            assert!(
-                text.contains(want),
-                "{name}: message lacks {want:?}: {text}"
-            );
+            assert!(text.contains(want), "{name}: message lacks {want:?}: {text}");
         }
         check_invariants(name, &alloc, &dev, &[(first, 3 * GIB, 0)]);
         let second = alloc.allocate_raw(MIB, 0).unwrap();

@@ -52,9 +52,7 @@ fn every_strategy_runs_on_a_gpu() {
     let dev: Arc<dyn Device> = Arc::new(dev);
     for kind in StrategyKind::ALL {
         let alloc = Allocator::with_strategy(dev.clone(), kind);
-        let blocks: Vec<_> = (0..64)
-            .map(|i| alloc.allocate((i + 1) * 4096, 0).unwrap())
-            .collect();
+        let blocks: Vec<_> = (0..64).map(|i| alloc.allocate((i + 1) * 4096, 0).unwrap()).collect();
         drop(blocks);
         let again = alloc.allocate(4096, 0).unwrap();
         assert_eq!(again.ptr() % 256, 0);

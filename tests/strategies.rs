@@ -32,6 +32,7 @@ fn caching_byte_bound_is_never_exceeded() {
         &dev,
         StrategyConfig::Caching(CachingConfig {
             max_idle_bytes: Some(bound),
+            ..Default::default()
         }),
     );
     let mut rng = Rng(3);
@@ -62,11 +63,10 @@ fn least_recently_freed_blocks_are_trimmed_first() {
         &dev,
         StrategyConfig::Caching(CachingConfig {
             max_idle_bytes: Some(2 * block),
+            ..Default::default()
         }),
     );
-    let ptrs: Vec<_> = (0..3)
-        .map(|_| alloc.allocate_raw(MIB, 0).unwrap())
-        .collect();
+    let ptrs: Vec<_> = (0..3).map(|_| alloc.allocate_raw(MIB, 0).unwrap()).collect();
     for &p in &ptrs {
         alloc.deallocate(p, 0).unwrap();
     }
@@ -116,28 +116,18 @@ fn kept_empty_slab_is_reused_whole_after_coalescing() {
         ..Default::default()
     };
     let alloc = allocator(&dev, StrategyConfig::Suballoc(config));
-    let blocks: Vec<_> = (0..4)
-        .map(|_| alloc.allocate_raw(512 * KIB, 0).unwrap())
-        .collect();
+    let blocks: Vec<_> = (0..4).map(|_| alloc.allocate_raw(512 * KIB, 0).unwrap()).collect();
     for &p in blocks.iter().rev() {
         alloc.deallocate(p, 0).unwrap();
     }
-    assert_eq!(
-        dev.stats().driver_frees,
-        0,
-        "kept under the empty-slab bound"
-    );
+    assert_eq!(dev.stats().driver_frees, 0, "kept under the empty-slab bound");
     let whole = alloc.allocate_raw(2 * MIB, 0).unwrap();
     assert_eq!(
         whole, blocks[0],
         "the four pieces merged back into one slab-sized block"
     );
     assert_eq!(dev.stats().driver_allocs, 1);
-    assert_eq!(
-        alloc.release_idle(),
-        0,
-        "nothing idle while the slab is in use"
-    );
+    assert_eq!(alloc.release_idle(), 0, "nothing idle while the slab is in use");
     alloc.deallocate(whole, 0).unwrap();
     assert_eq!(alloc.release_idle(), 2 * MIB);
 }
@@ -163,10 +153,7 @@ fn freed_blocks_stay_on_their_stream_until_it_is_synchronized() {
         alloc.deallocate(same, 1).unwrap();
         alloc.synchronize_stream(1);
         let after_sync = alloc.allocate_raw(MIB, 2).unwrap();
-        assert_eq!(
-            after_sync, a,
-            "{config:?}: after sync every stream may reuse it"
-        );
+        assert_eq!(after_sync, a, "{config:?}: after sync every stream may reuse it");
         for (p, s) in [(keep, 1), (other, 2), (after_sync, 2)] {
             alloc.deallocate(p, s).unwrap();
         }
@@ -179,17 +166,13 @@ fn slabs_follow_the_workload_size() {
     // Small workload: small slabs. Large workload: slabs grow with what is reserved.
     let dev = sim(1 << 40);
     let alloc = allocator(&dev, StrategyConfig::Suballoc(SuballocConfig::default()));
-    let small: Vec<_> = (0..16)
-        .map(|_| alloc.allocate_raw(64 * KIB, 0).unwrap())
-        .collect();
+    let small: Vec<_> = (0..16).map(|_| alloc.allocate_raw(64 * KIB, 0).unwrap()).collect();
     assert_eq!(
         alloc.stats().reserved_bytes.current,
         2 * MIB,
         "1 MiB of small blocks fits one 2 MiB slab"
     );
-    let big: Vec<_> = (0..400)
-        .map(|_| alloc.allocate_raw(3 * MIB, 0).unwrap())
-        .collect();
+    let big: Vec<_> = (0..400).map(|_| alloc.allocate_raw(3 * MIB, 0).unwrap()).collect();
     let reserved = alloc.stats().reserved_bytes.current;
     let live = alloc.stats().live_bytes.current;
     assert!(

@@ -22,12 +22,7 @@ fn every_trace_replays_with_zero_failures_on_an_unbounded_device() {
             let alloc = allocator(&dev, StrategyConfig::default_for(kind));
             let m = replay(&trace, &alloc);
             assert_eq!(m.failed_allocs, 0, "{} with {kind}", trace.name);
-            assert_eq!(
-                m.peak_live_bytes,
-                trace.peak_live_bytes(),
-                "{} with {kind}",
-                trace.name
-            );
+            assert_eq!(m.peak_live_bytes, trace.peak_live_bytes(), "{} with {kind}", trace.name);
             assert!(m.peak_reserved_bytes >= m.peak_live_bytes);
             eprintln!(
                 "{:32} {:12} driver allocs {:6} frees {:6} reserved/live {:.3}",

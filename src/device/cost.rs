@@ -111,8 +111,7 @@ impl CostModel {
     }
 
     pub fn from_toml_str(text: &str, file: &str) -> Result<Self, ConfigError> {
-        let model: CostModel =
-            toml::from_str(text).map_err(|e| crate::config::toml_error(file, text, &e))?;
+        let model: CostModel = toml::from_str(text).map_err(|e| crate::config::toml_error(file, text, &e))?;
         model.alloc.validate(file, "alloc.points")?;
         model.free.validate(file, "free.points")?;
         Ok(model)
@@ -158,17 +157,10 @@ mod tests {
     #[test]
     fn rejects_unsorted_points_and_unknown_keys() {
         let bad = "alloc = { points = [[\"2MiB\", 5], [\"1MiB\", 6]] }\nfree = { points = [[1, 1]] }\nfree_sync_ns = 0\nmem_info_ns = 0\n";
-        let err = CostModel::from_toml_str(bad, "x.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("alloc.points") && err.contains("increasing"),
-            "{err}"
-        );
+        let err = CostModel::from_toml_str(bad, "x.toml").unwrap_err().to_string();
+        assert!(err.contains("alloc.points") && err.contains("increasing"), "{err}");
         let unknown = "alloc = { points = [[1, 1]] }\nfree = { points = [[1, 1]] }\nfree_sync_ns = 0\nmem_info_ns = 0\nspeed = 3\n";
-        let err = CostModel::from_toml_str(unknown, "x.toml")
-            .unwrap_err()
-            .to_string();
+        let err = CostModel::from_toml_str(unknown, "x.toml").unwrap_err().to_string();
         assert!(err.contains("x.toml:5") && err.contains("speed"), "{err}");
     }
 }

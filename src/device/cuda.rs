@@ -101,9 +101,7 @@ impl CudaDevice {
 
     fn make_current(&self) -> Result<(), DeviceError> {
         // SAFETY: the context was retained in `new` and is released only in Drop.
-        check("cuCtxSetCurrent", unsafe {
-            sys::cuCtxSetCurrent(self.context)
-        })
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.context) })
     }
 }
 

@@ -58,6 +58,15 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     }
     /// The unit in which large driver allocations consume memory (2 MiB on CUDA).
     fn granularity(&self) -> u64;
+    /// Device memory a driver allocation of `bytes` really consumes. Default, as the CUDA driver
+    /// does: from 1 MiB, whole granules (2 MiB pages); below, 512-byte steps in shared pages.
+    fn footprint(&self, bytes: u64) -> u64 {
+        if bytes >= crate::size::MIB {
+            crate::size::round_up(bytes, self.granularity())
+        } else {
+            crate::size::round_up(bytes, 512)
+        }
+    }
     /// What this device has done so far.
     fn stats(&self) -> DeviceStats;
     /// A short human name ("SimDevice 16GiB", "NVIDIA H200").

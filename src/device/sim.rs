@@ -333,6 +333,10 @@ impl Device for SimDevice {
         self.granularity.large_granule
     }
 
+    fn footprint(&self, bytes: u64) -> u64 {
+        self.granularity.consumed(bytes)
+    }
+
     fn stats(&self) -> DeviceStats {
         self.state.lock().stats
     }

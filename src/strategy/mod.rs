@@ -9,7 +9,7 @@ mod passthrough;
 mod slots;
 mod suballoc;
 
-pub use caching::{Caching, CachingConfig};
+pub use caching::{Caching, CachingConfig, Rounding};
 pub use passthrough::Passthrough;
 pub use suballoc::{Suballoc, SuballocConfig};
 
@@ -31,11 +31,7 @@ pub enum StrategyKind {
 }
 
 impl StrategyKind {
-    pub const ALL: [StrategyKind; 3] = [
-        StrategyKind::Passthrough,
-        StrategyKind::Caching,
-        StrategyKind::Suballoc,
-    ];
+    pub const ALL: [StrategyKind; 3] = [StrategyKind::Passthrough, StrategyKind::Caching, StrategyKind::Suballoc];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -57,8 +53,8 @@ impl std::fmt::Display for StrategyKind {
 pub enum BlockMeta {
     /// A driver allocation of its own (passthrough).
     Direct,
-    /// A cached block of this size class.
-    Cached { class: u32 },
+    /// A cached block (its size is the grant's `block_bytes`).
+    Cached,
     /// A block carved from a slab; the index of its node in the suballocator.
     Sub { node: u32 },
 }
@@ -75,6 +71,9 @@ pub struct Grant {
 }
 
 /// One strategy instance with its state.
+// An allocator holds at most three strategies, so the suballocator's larger inline tables
+// cost nothing worth a Box (and an indirection on the hot path).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Strategy {
     Passthrough(Passthrough),
@@ -92,12 +91,7 @@ impl Strategy {
     }
 
     /// Serves `bytes` (already aligned to 256) on `stream`.
-    pub fn allocate(
-        &mut self,
-        dev: &dyn Device,
-        bytes: u64,
-        stream: StreamId,
-    ) -> Result<Grant, DeviceError> {
+    pub fn allocate(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
         match self {
             Strategy::Passthrough(s) => s.allocate(dev, bytes),
             Strategy::Caching(s) => s.allocate(dev, bytes, stream),
@@ -106,7 +100,8 @@ impl Strategy {
     }
 
     /// Takes back a block this strategy granted. Releasing memory cannot fail for the caller: a
-    /// driver error on free is logged and the block forgotten.
+    /// driver error on free is logged and the block forgotten. `now` is the allocator's
+    /// operation count (for ageing idle memory).
     pub fn deallocate(
         &mut self,
         dev: &dyn Device,
@@ -114,11 +109,34 @@ impl Strategy {
         block_bytes: u64,
         meta: BlockMeta,
         stream: StreamId,
+        now: u64,
     ) {
         match self {
             Strategy::Passthrough(s) => s.deallocate(dev, ptr, block_bytes),
-            Strategy::Caching(s) => s.deallocate(dev, ptr, meta, stream),
-            Strategy::Suballoc(s) => s.deallocate(dev, meta, stream),
+            Strategy::Caching(s) => s.deallocate(dev, ptr, block_bytes, stream, now),
+            Strategy::Suballoc(s) => s.deallocate(dev, meta, stream, now),
+        }
+    }
+
+    /// Releases idle memory unused since operation `cutoff`; returns the bytes released.
+    pub fn release_older_than(&mut self, dev: &dyn Device, cutoff: u64) -> u64 {
+        match self {
+            Strategy::Passthrough(_) => 0,
+            Strategy::Caching(s) => s.trim_older_than(dev, cutoff),
+            Strategy::Suballoc(s) => s.release_empty_older_than(dev, cutoff),
+        }
+    }
+
+    /// Releases idle memory until at most `keep` idle bytes remain, where it can (free space
+    /// inside slabs that hold live blocks cannot be released).
+    pub fn release_down_to(&mut self, dev: &dyn Device, keep: u64) -> u64 {
+        match self {
+            Strategy::Passthrough(_) => 0,
+            Strategy::Caching(s) => s.trim_to(dev, keep),
+            Strategy::Suballoc(s) => {
+                let fragment = s.idle_bytes() - s.empty_bytes();
+                s.release_empty_slabs(dev, keep.saturating_sub(fragment))
+            }
         }
     }
 
@@ -155,6 +173,15 @@ impl Strategy {
             Strategy::Passthrough(_) => 0,
             Strategy::Caching(s) => s.idle_bytes(),
             Strategy::Suballoc(s) => s.idle_bytes(),
+        }
+    }
+
+    /// Idle bytes that [`release_idle`](Strategy::release_idle) would give back.
+    pub fn releasable_bytes(&self) -> u64 {
+        match self {
+            Strategy::Passthrough(_) => 0,
+            Strategy::Caching(s) => s.idle_bytes(),
+            Strategy::Suballoc(s) => s.empty_bytes(),
         }
     }
 

@@ -28,6 +28,10 @@ pub struct SuballocConfig {
     pub growth: f64,
     /// Bytes of empty slabs kept for reuse; beyond this, an emptied slab is released at once.
     pub max_empty_bytes: u64,
+    /// Segregate slabs by size: requests under 1 MiB share one pool, larger ones get a pool per
+    /// power of two, with slabs a whole number of requests big. Holes left by freed blocks then
+    /// fit the next request of their class instead of being split by smaller ones.
+    pub segregate: bool,
 }
 
 impl Default for SuballocConfig {
@@ -37,14 +41,15 @@ impl Default for SuballocConfig {
             max_slab: GIB,
             growth: 0.25,
             max_empty_bytes: 0,
+            segregate: false,
         }
     }
 }
 
 const NIL: u32 = u32::MAX;
 const USED: u16 = u16::MAX;
-/// Free lists index 0: space usable by every stream.
-const ANY: u16 = 0;
+/// Size pools: 0 for requests under 1 MiB (or all requests, unsegregated), else log2(size).
+const POOLS: usize = 64;
 const SL_BITS: u32 = 4;
 const SL: usize = 1 << SL_BITS;
 const FL: usize = 56;
@@ -90,8 +95,12 @@ struct Slab {
     head_node: u32,
     /// Bytes of live blocks in the slab; the slab is empty at 0, however its free space is split.
     used: u64,
+    /// The size pool whose requests it serves.
+    pool: u8,
     /// Position in `empty` while the slab is wholly free.
     empty_pos: Option<u32>,
+    /// The operation count when it last became empty, for ageing.
+    emptied_at: u64,
 }
 
 /// First- and second-level index of the list holding blocks of `size` bytes.
@@ -102,10 +111,7 @@ fn mapping(size: u64) -> (usize, usize) {
         return (0, u as usize);
     }
     let f = 63 - u.leading_zeros();
-    (
-        (f - SL_BITS + 1) as usize,
-        ((u >> (f - SL_BITS)) as usize) & (SL - 1),
-    )
+    ((f - SL_BITS + 1) as usize, ((u >> (f - SL_BITS)) as usize) & (SL - 1))
 }
 
 /// The list from which every block is at least `size` bytes (size rounded up to the next list).
@@ -124,13 +130,23 @@ fn mapping_search(size: u64) -> (usize, usize) {
 pub struct Suballoc {
     config: SuballocConfig,
     nodes: Slots<Node>,
+    /// Free-list sets: one per (stream, pool) for blocks freed on a stream, and one per pool for
+    /// space every stream may use (`list_stream` None).
     lists: Vec<FreeLists>,
-    stream_list: FastMap<StreamId, u16>,
+    list_stream: Vec<Option<StreamId>>,
+    stream_lists: FastMap<(StreamId, u8), u16>,
+    any_list: [Option<u16>; POOLS],
+    pool_reserved: [u64; POOLS],
     slabs: Slots<Slab>,
     empty: Vec<u32>,
     empty_bytes: u64,
     reserved: u64,
     used: u64,
+    /// Most bytes one new slab may take beyond the request itself (set by the policy engine
+    /// from free device memory minus headroom).
+    slab_limit: u64,
+    /// The allocator's operation count at the last free.
+    now: u64,
 }
 
 impl Suballoc {
@@ -138,13 +154,18 @@ impl Suballoc {
         Suballoc {
             config,
             nodes: Slots::new(),
-            lists: vec![FreeLists::new()],
-            stream_list: FastMap::default(),
+            lists: Vec::new(),
+            list_stream: Vec::new(),
+            stream_lists: FastMap::default(),
+            any_list: [None; POOLS],
+            pool_reserved: [0; POOLS],
             slabs: Slots::new(),
             empty: Vec::new(),
             empty_bytes: 0,
             reserved: 0,
             used: 0,
+            slab_limit: u64::MAX,
+            now: 0,
         }
     }
 
@@ -164,20 +185,16 @@ impl Suballoc {
     }
 
     /// Fast path: two bitmap searches, an unlink and maybe a split (~40 ns).
-    pub(super) fn allocate(
-        &mut self,
-        dev: &dyn Device,
-        bytes: u64,
-        stream: StreamId,
-    ) -> Result<Grant, DeviceError> {
+    pub(super) fn allocate(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
         debug_assert!(bytes > 0 && bytes % ALIGNMENT == 0);
-        let own = self.stream_list.get(&stream).copied();
+        let pool = self.pool_of(bytes);
+        let own = self.stream_lists.get(&(stream, pool)).copied();
         let found = own
             .and_then(|li| self.find(li, bytes))
-            .or_else(|| self.find(ANY, bytes));
+            .or_else(|| self.any_list[pool as usize].and_then(|li| self.find(li, bytes)));
         let (idx, hit) = match found {
             Some(idx) => (idx, true),
-            None => (self.new_slab(dev, bytes)?, false),
+            None => (self.new_slab(dev, bytes, pool)?, false),
         };
         let ptr = self.take(idx, bytes);
         Ok(Grant {
@@ -188,9 +205,78 @@ impl Suballoc {
         })
     }
 
+    /// Serves `bytes` from free slab space only (no driver call), or None. The last resort on
+    /// out-of-memory: a best-fit scan of every usable free block, O(blocks).
+    #[cold]
+    pub fn allocate_existing(&mut self, bytes: u64, stream: StreamId) -> Option<Grant> {
+        let usable = |list: u16| list != USED && self.list_stream[list as usize].is_none_or(|s| s == stream);
+        let mut best: Option<(u64, u32)> = None;
+        for slab_head in self.slabs_heads() {
+            let mut i = slab_head;
+            while i != NIL {
+                let n = self.nodes[i];
+                if usable(n.list) && n.size >= bytes && best.is_none_or(|(s, _)| n.size < s) {
+                    best = Some((n.size, i));
+                }
+                i = n.phys_next;
+            }
+        }
+        let (_, idx) = best?;
+        let ptr = self.take(idx, bytes);
+        Some(Grant {
+            ptr,
+            block_bytes: bytes,
+            hit: true,
+            meta: BlockMeta::Sub { node: idx },
+        })
+    }
+
+    /// The head node of every slab in use.
+    fn slabs_heads(&self) -> Vec<u32> {
+        self.nodes
+            .iter_all()
+            .enumerate()
+            .filter(|(_, n)| n.slab != NIL && n.phys_prev == NIL)
+            .map(|(i, _)| i as u32)
+            .collect()
+    }
+
+    /// Sets how fast new slabs grow with what is reserved (see [`SuballocConfig::growth`]).
+    pub fn set_growth(&mut self, growth: f64) {
+        self.config.growth = growth;
+    }
+
+    /// Turns size segregation of new slabs on or off (existing slabs keep their pool).
+    pub fn set_segregate(&mut self, on: bool) {
+        self.config.segregate = on;
+    }
+
+    /// Caps how much a new slab may take beyond what its request needs.
+    pub fn set_slab_limit(&mut self, limit: u64) {
+        self.slab_limit = limit;
+    }
+
+    /// Bytes in wholly empty slabs (releasable); the rest of the idle bytes is free space
+    /// inside slabs that hold live blocks.
+    pub fn empty_bytes(&self) -> u64 {
+        self.empty_bytes
+    }
+
+    /// Releases empty slabs that have stayed empty since before operation `cutoff`.
+    pub fn release_empty_older_than(&mut self, dev: &dyn Device, cutoff: u64) -> u64 {
+        let aged: Vec<u32> = self
+            .empty
+            .iter()
+            .copied()
+            .filter(|&id| self.slabs[id].emptied_at < cutoff)
+            .collect();
+        aged.into_iter().map(|id| self.release_slab(dev, id)).sum()
+    }
+
     /// Frees the node back into the free lists of `stream`, merging free neighbours; an emptied
     /// slab is released unless the empty-slab bound keeps it.
-    pub(super) fn deallocate(&mut self, dev: &dyn Device, meta: BlockMeta, stream: StreamId) {
+    pub(super) fn deallocate(&mut self, dev: &dyn Device, meta: BlockMeta, stream: StreamId, now: u64) {
+        self.now = now;
         let BlockMeta::Sub { node } = meta else {
             debug_assert!(false, "suballoc got a block it did not grant: {meta:?}");
             return;
@@ -201,9 +287,10 @@ impl Suballoc {
         let slab = &mut self.slabs[n.slab];
         slab.used -= n.size;
         let emptied = slab.used == 0;
-        let li = self.list_for_stream(stream);
+        let li = self.stream_list(stream, self.slabs[n.slab].pool);
         self.insert_free(node, li);
         if emptied {
+            self.slabs[n.slab].emptied_at = now;
             self.mark_empty(n.slab);
             if self.empty_bytes > self.config.max_empty_bytes {
                 self.release_empty_slabs(dev, self.config.max_empty_bytes);
@@ -224,20 +311,22 @@ impl Suballoc {
     }
 
     pub(super) fn synchronize_stream(&mut self, stream: StreamId) {
-        let Some(&li) = self.stream_list.get(&stream) else {
-            return;
-        };
-        let mut members = Vec::new();
-        for &head in &self.lists[li as usize].heads {
-            let mut i = head;
-            while i != NIL {
-                members.push(i);
-                i = self.nodes[i].free_next;
+        let keys: Vec<(StreamId, u8)> = self.stream_lists.keys().copied().filter(|k| k.0 == stream).collect();
+        for (_, pool) in keys {
+            let li = self.stream_lists[&(stream, pool)];
+            let mut members = Vec::new();
+            for &head in &self.lists[li as usize].heads {
+                let mut i = head;
+                while i != NIL {
+                    members.push(i);
+                    i = self.nodes[i].free_next;
+                }
             }
-        }
-        for idx in members {
-            self.remove_free(idx);
-            self.insert_free(idx, ANY);
+            let any = self.any_list(pool);
+            for idx in members {
+                self.remove_free(idx);
+                self.insert_free(idx, any);
+            }
         }
     }
 
@@ -258,15 +347,47 @@ impl Suballoc {
             .unwrap_or(0)
     }
 
-    fn list_for_stream(&mut self, stream: StreamId) -> u16 {
-        if let Some(&li) = self.stream_list.get(&stream) {
+    /// The size pool of a request of `bytes`.
+    #[inline]
+    fn pool_of(&self, bytes: u64) -> u8 {
+        if !self.config.segregate || bytes < MIB {
+            0
+        } else {
+            (63 - bytes.leading_zeros()) as u8
+        }
+    }
+
+    fn new_list(&mut self, stream: Option<StreamId>) -> u16 {
+        let li = self.lists.len() as u16;
+        assert!(li < USED, "more than 65534 (stream, size pool) pairs");
+        self.lists.push(FreeLists::new());
+        self.list_stream.push(stream);
+        li
+    }
+
+    /// The free lists of blocks freed on `stream` in `pool`.
+    fn stream_list(&mut self, stream: StreamId, pool: u8) -> u16 {
+        if let Some(&li) = self.stream_lists.get(&(stream, pool)) {
             return li;
         }
-        let li = self.lists.len() as u16;
-        assert!(li < USED, "more than 65534 streams");
-        self.lists.push(FreeLists::new());
-        self.stream_list.insert(stream, li);
+        let li = self.new_list(Some(stream));
+        self.stream_lists.insert((stream, pool), li);
         li
+    }
+
+    /// The free lists every stream may use in `pool`.
+    fn any_list(&mut self, pool: u8) -> u16 {
+        if let Some(li) = self.any_list[pool as usize] {
+            return li;
+        }
+        let li = self.new_list(None);
+        self.any_list[pool as usize] = Some(li);
+        li
+    }
+
+    #[inline]
+    fn is_any(&self, li: u16) -> bool {
+        self.list_stream[li as usize].is_none()
     }
 
     /// A free node of list set `li` of at least `bytes`, or None. Good fit in O(1); when the
@@ -346,21 +467,31 @@ impl Suballoc {
     }
 
     #[cold]
-    fn new_slab(&mut self, dev: &dyn Device, bytes: u64) -> Result<u32, DeviceError> {
+    fn new_slab(&mut self, dev: &dyn Device, bytes: u64, pool: u8) -> Result<u32, DeviceError> {
         let granule = dev.granularity().max(ALIGNMENT);
         let exact = round_up(bytes, granule);
-        let target = (self.reserved as f64 * self.config.growth) as u64;
-        let grown = if target == 0 {
-            0
+        let limit = exact.max(self.slab_limit / granule * granule);
+        let max_slab = self.config.max_slab.max(self.config.min_slab);
+        let preferred = if pool == 0 {
+            let basis = if self.config.segregate {
+                self.pool_reserved[0]
+            } else {
+                self.reserved
+            };
+            let target = (basis as f64 * self.config.growth) as u64;
+            let grown = if target == 0 {
+                0
+            } else {
+                1u64 << (63 - target.leading_zeros())
+            };
+            grown.clamp(self.config.min_slab, max_slab)
         } else {
-            1u64 << (63 - target.leading_zeros())
+            // A whole number of this pool's requests, growing with what the pool holds.
+            let target = (self.pool_reserved[pool as usize] as f64 * self.config.growth) as u64;
+            let count = (target / bytes).max(1);
+            round_up(count.saturating_mul(bytes), granule).min(max_slab)
         };
-        let preferred = grown
-            .clamp(
-                self.config.min_slab,
-                self.config.max_slab.max(self.config.min_slab),
-            )
-            .max(exact);
+        let preferred = preferred.min(limit).max(exact);
         let (base, size) = match dev.allocate(preferred) {
             Ok(p) => (p, preferred),
             // Tight device: a slab just big enough may still fit.
@@ -368,12 +499,15 @@ impl Suballoc {
             Err(e) => return Err(e),
         };
         self.reserved += size;
+        self.pool_reserved[pool as usize] += size;
         let slab = Slab {
             base,
             size,
             head_node: NIL,
             used: 0,
+            pool,
             empty_pos: None,
+            emptied_at: self.now,
         };
         let slab_id = self.slabs.insert(slab);
         let idx = self.nodes.insert(Node {
@@ -387,7 +521,8 @@ impl Suballoc {
             list: USED,
         });
         self.slabs[slab_id].head_node = idx;
-        self.push_free(idx, ANY);
+        let any = self.any_list(pool);
+        self.push_free(idx, any);
         self.mark_empty(slab_id);
         Ok(idx)
     }
@@ -406,6 +541,7 @@ impl Suballoc {
         }
         self.slabs.release(slab_id);
         self.reserved -= slab.size;
+        self.pool_reserved[slab.pool as usize] -= slab.size;
         if let Err(e) = dev.free(slab.base) {
             tracing::error!(ptr = slab.base, error = %e, "driver free of a slab failed; slab forgotten");
         }
@@ -435,11 +571,12 @@ impl Suballoc {
     /// Marks `idx` free in list set `li`, merging with free neighbours it may join; returns the
     /// index of the merged node.
     fn insert_free(&mut self, mut idx: u32, li: u16) -> u32 {
-        let mergeable = |other: u16| other != USED && (other == li || other == ANY || li == ANY);
+        // Neighbours merge when they share a list, or one side is usable by every stream (the
+        // result keeps the other side's stream restriction). All nodes of a slab share its pool.
         let mut tag = li;
         let prev = self.nodes[idx].phys_prev;
-        if prev != NIL && mergeable(self.nodes[prev].list) {
-            if tag == ANY {
+        if prev != NIL && self.joins(tag, self.nodes[prev].list) {
+            if self.is_any(tag) {
                 tag = self.nodes[prev].list;
             }
             self.remove_free(prev);
@@ -447,18 +584,21 @@ impl Suballoc {
             idx = prev;
         }
         let next = self.nodes[idx].phys_next;
-        if next != NIL && (self.nodes[next].list != USED) {
-            let other = self.nodes[next].list;
-            if other == tag || other == ANY || tag == ANY {
-                if tag == ANY {
-                    tag = other;
-                }
-                self.remove_free(next);
-                self.absorb_next(idx);
+        if next != NIL && self.joins(tag, self.nodes[next].list) {
+            if self.is_any(tag) {
+                tag = self.nodes[next].list;
             }
+            self.remove_free(next);
+            self.absorb_next(idx);
         }
         self.push_free(idx, tag);
         idx
+    }
+
+    /// Whether a free block of list `tag` may merge with a neighbour in list `other`.
+    #[inline]
+    fn joins(&self, tag: u16, other: u16) -> bool {
+        other != USED && (other == tag || self.is_any(other) || self.is_any(tag))
     }
 
     /// Node `idx` swallows its physical successor, whose slot is freed.

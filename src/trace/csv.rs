@@ -36,21 +36,17 @@ pub fn parse_csv(bytes: &[u8], file: &str, lenient: bool) -> Result<Trace, Trace
     let mut last_ts = 0u64;
     let mut lines = bytes.split(|&b| b == b'\n').enumerate();
     let (_, header) = lines.next().expect("split yields at least one item");
-    let header = std::str::from_utf8(header)
-        .map_err(|_| err(1, "not text (binary data); expected a CSV trace".into()))?;
+    let header =
+        std::str::from_utf8(header).map_err(|_| err(1, "not text (binary data); expected a CSV trace".into()))?;
     if header.trim().trim_start_matches('\u{feff}') != HEADER {
         return Err(err(
             1,
-            format!(
-                "header is {:?}; expected `{HEADER}`",
-                truncate(header.trim())
-            ),
+            format!("header is {:?}; expected `{HEADER}`", truncate(header.trim())),
         ));
     }
     for (i, raw) in lines {
         let line = i + 1;
-        let text =
-            std::str::from_utf8(raw).map_err(|_| err(line, "not text (binary data)".into()))?;
+        let text = std::str::from_utf8(raw).map_err(|_| err(line, "not text (binary data)".into()))?;
         let text = text.trim();
         if text.is_empty() {
             continue;
@@ -72,23 +68,16 @@ pub fn parse_csv(bytes: &[u8], file: &str, lenient: bool) -> Result<Trace, Trace
             other => {
                 return Err(err(
                     line,
-                    format!(
-                        "unknown op {:?}; expected `alloc` or `free`",
-                        truncate(other)
-                    ),
+                    format!("unknown op {:?}; expected `alloc` or `free`", truncate(other)),
                 ));
             }
         };
-        let timestamp_ns =
-            parse_u64(fields[1]).map_err(|m| err(line, format!("timestamp_ns {m}")))?;
+        let timestamp_ns = parse_u64(fields[1]).map_err(|m| err(line, format!("timestamp_ns {m}")))?;
         let id = parse_ptr(fields[2]).map_err(|m| err(line, format!("ptr {m}")))?;
         let size = parse_u64(fields[3]).map_err(|m| err(line, format!("size {m}")))?;
         let stream = parse_stream(fields[4]).map_err(|m| err(line, format!("stream {m}")))?;
         if op == Op::Alloc && size == 0 {
-            return Err(err(
-                line,
-                "alloc of size 0; sizes must be at least 1 byte".into(),
-            ));
+            return Err(err(line, "alloc of size 0; sizes must be at least 1 byte".into()));
         }
         if timestamp_ns < last_ts {
             return Err(err(
@@ -112,11 +101,7 @@ pub fn parse_csv(bytes: &[u8], file: &str, lenient: bool) -> Result<Trace, Trace
 }
 
 /// Checks frees against live allocs, naming the file line of any mismatch.
-pub(super) fn validate(
-    events: Vec<(usize, Event)>,
-    file: &str,
-    lenient: bool,
-) -> Result<Trace, TraceError> {
+pub(super) fn validate(events: Vec<(usize, Event)>, file: &str, lenient: bool) -> Result<Trace, TraceError> {
     let mut live: std::collections::HashMap<u64, (usize, u64)> = std::collections::HashMap::new();
     let mut kept = Vec::with_capacity(events.len());
     let mut skipped = 0;
@@ -199,8 +184,7 @@ fn parse_ptr(s: &str) -> Result<u64, String> {
 
 fn parse_stream(s: &str) -> Result<u64, String> {
     if let Some(hex) = s.strip_prefix("0x") {
-        return u64::from_str_radix(hex, 16)
-            .map_err(|_| format!("{:?} is not an integer", truncate(s)));
+        return u64::from_str_radix(hex, 16).map_err(|_| format!("{:?} is not an integer", truncate(s)));
     }
     match s.parse::<i64>() {
         Ok(v) => Ok(v as u64),
@@ -217,11 +201,7 @@ pub fn write_csv(trace: &Trace, out: &mut dyn Write) -> std::io::Result<()> {
             Op::Alloc => "alloc",
             Op::Free => "free",
         };
-        writeln!(
-            w,
-            "{op},{},{:#x},{},{}",
-            e.timestamp_ns, e.id, e.size, e.stream
-        )?;
+        writeln!(w, "{op},{},{:#x},{},{}", e.timestamp_ns, e.id, e.size, e.stream)?;
     }
     w.flush()
 }
@@ -266,10 +246,7 @@ mod tests {
                 "op,timestamp_ns,ptr,size,stream\nalloc,1,0x10,abc,0\n",
                 "t.csv:2: size \"abc\" is not",
             ),
-            (
-                "op,timestamp_ns,ptr,size,stream\nalloc,1,zz,5,0\n",
-                "t.csv:2: ptr",
-            ),
+            ("op,timestamp_ns,ptr,size,stream\nalloc,1,zz,5,0\n", "t.csv:2: ptr"),
             (
                 "op,timestamp_ns,ptr,size,stream\nalloc,1,0x10,5,0\nfree,2,0x99,5,0\n",
                 "t.csv:3: free of id 0x99",

@@ -45,17 +45,9 @@ pub struct Trace {
 impl Trace {
     /// Builds a trace from events, checking that frees match live allocs of the same size
     /// (skipping unknown frees when `lenient`). Errors name the event's 1-based position.
-    pub fn from_events(
-        name: impl Into<String>,
-        events: Vec<Event>,
-        lenient: bool,
-    ) -> Result<Self, crate::TraceError> {
+    pub fn from_events(name: impl Into<String>, events: Vec<Event>, lenient: bool) -> Result<Self, crate::TraceError> {
         let name = name.into();
-        let numbered = events
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| (i + 1, e))
-            .collect();
+        let numbered = events.into_iter().enumerate().map(|(i, e)| (i + 1, e)).collect();
         let mut t = csv::validate(numbered, &name, lenient)?;
         t.name = name;
         Ok(t)

@@ -19,12 +19,10 @@ pub fn all_configs() -> Vec<(&'static str, StrategyConfig)> {
             "caching-bounded",
             StrategyConfig::Caching(CachingConfig {
                 max_idle_bytes: Some(8 * MIB),
+                ..Default::default()
             }),
         ),
-        (
-            "suballoc",
-            StrategyConfig::Suballoc(SuballocConfig::default()),
-        ),
+        ("suballoc", StrategyConfig::Suballoc(SuballocConfig::default())),
         (
             "suballoc-keep",
             StrategyConfig::Suballoc(SuballocConfig {
@@ -51,12 +49,7 @@ pub fn allocator(dev: &Arc<SimDevice>, config: StrategyConfig) -> Allocator {
 /// Checks the allocator's invariants against the blocks the test holds: no two live blocks
 /// overlap, every pointer is 256-byte aligned, live bytes match, reserved = live + idle +
 /// rounding (rounding within its documented bound), and the device holds exactly `reserved`.
-pub fn check_invariants(
-    name: &str,
-    alloc: &Allocator,
-    dev: &SimDevice,
-    live: &[(DevicePtr, u64, u64)],
-) {
+pub fn check_invariants(name: &str, alloc: &Allocator, dev: &SimDevice, live: &[(DevicePtr, u64, u64)]) {
     let mut sorted: Vec<(DevicePtr, u64)> = live.iter().map(|&(p, s, _)| (p, s)).collect();
     sorted.sort_unstable();
     for w in sorted.windows(2) {
@@ -74,11 +67,7 @@ pub fn check_invariants(
     let st = alloc.stats();
     let live_bytes: u64 = live.iter().map(|l| l.1).sum();
     assert_eq!(st.live_bytes.current, live_bytes, "{name}: live bytes");
-    assert_eq!(
-        st.live_blocks.current,
-        live.len() as u64,
-        "{name}: live blocks"
-    );
+    assert_eq!(st.live_blocks.current, live.len() as u64, "{name}: live blocks");
     assert_eq!(
         st.reserved_bytes.current,
         st.live_bytes.current + st.idle_bytes.current + st.rounding_bytes,

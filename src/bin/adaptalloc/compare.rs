@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 pub struct Args {
     /// CSV traces; with none, the bundled synthetic workloads (tuning/workloads/).
     traces: Vec<PathBuf>,
-    /// Comma-separated strategies: passthrough, caching, suballoc. Default: all.
+    /// Comma-separated strategies: passthrough, caching, suballoc, adaptive. Default: all.
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<String>,
     /// Device capacity, e.g. 24GiB (default 80GiB).
@@ -55,9 +55,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.strategies
             .iter()
             .map(|s| {
-                Contender::parse(s.trim()).with_context(|| {
-                    format!("unknown strategy {s:?}; known: passthrough, caching, suballoc")
-                })
+                Contender::parse(s.trim())
+                    .with_context(|| format!("unknown strategy {s:?}; known: passthrough, caching, suballoc, adaptive"))
             })
             .collect::<anyhow::Result<_>>()?
     };

@@ -1,0 +1,584 @@
+//! The policy engine: cheap per-class statistics on the hot path, and a controller that runs
+//! every `routing.interval_ops` operations (and after each driver allocation) to re-route size
+//! classes, bound idle memory by the device's free memory, and age out unused idle memory.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{Policy, RoutingMode};
+use crate::device::Device;
+use crate::stats::Counter;
+use crate::strategy::{Strategy, StrategyKind};
+
+/// Size classes for routing: one per power of two (class `b` holds sizes 2^b .. 2^(b+1)-1).
+pub const BUCKETS: usize = 64;
+
+/// The routing class of a request. Cost: one instruction.
+#[inline]
+pub fn bucket_of(bytes: u64) -> usize {
+    (63 - bytes.max(1).leading_zeros()) as usize
+}
+
+/// The smallest and largest size of class `b`.
+pub fn bucket_range(b: usize) -> (u64, u64) {
+    let lo = 1u64 << b;
+    (lo, if b >= 63 { u64::MAX } else { (lo << 1) - 1 })
+}
+
+const RING: usize = 128;
+/// Distinct sizes tracked per window; more counts as "varied".
+const SIZES: usize = 4;
+
+/// The last [`RING`] values of a quantity, for quantiles.
+#[derive(Clone, Debug)]
+struct Ring {
+    values: Vec<u64>,
+    pos: usize,
+}
+
+impl Ring {
+    fn new() -> Self {
+        Ring {
+            values: Vec::new(),
+            pos: 0,
+        }
+    }
+    #[inline]
+    fn push(&mut self, v: u64) {
+        if self.values.len() < RING {
+            self.values.push(v);
+        } else {
+            self.values[self.pos] = v;
+            self.pos = (self.pos + 1) % RING;
+        }
+    }
+    fn quantiles(&self) -> Option<[f64; 3]> {
+        use statrs::statistics::{Data, OrderStatistics};
+        if self.values.is_empty() {
+            return None;
+        }
+        let mut data = Data::new(self.values.iter().map(|&v| v as f64).collect::<Vec<_>>());
+        Some([data.percentile(50), data.percentile(90), data.percentile(99)])
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ClassStats {
+    requests: u64,
+    bytes: u64,
+    frees: u64,
+    live: Counter,
+    live_blocks: u64,
+    /// Most blocks of the class live at once in the window.
+    w_peak_blocks: u64,
+    reuse_hits: u64,
+    /// Freed blocks of this class not yet followed by a request of the class.
+    waiting: u64,
+    last_free_op: u64,
+    lifetimes: Ring,
+    reuse_distances: Ring,
+    w_requests: u64,
+    w_reuse_hits: u64,
+    w_sizes: [u64; SIZES],
+    /// Distinct sizes in the window, SIZES + 1 meaning "more than SIZES".
+    w_distinct: u8,
+    all_distinct: u8,
+    all_sizes: [u64; SIZES],
+    pending: Option<(usize, u32)>,
+}
+
+impl ClassStats {
+    fn new() -> Self {
+        ClassStats {
+            requests: 0,
+            bytes: 0,
+            frees: 0,
+            live: Counter::default(),
+            live_blocks: 0,
+            w_peak_blocks: 0,
+            reuse_hits: 0,
+            waiting: 0,
+            last_free_op: 0,
+            lifetimes: Ring::new(),
+            reuse_distances: Ring::new(),
+            w_requests: 0,
+            w_reuse_hits: 0,
+            w_sizes: [0; SIZES],
+            w_distinct: 0,
+            all_distinct: 0,
+            all_sizes: [0; SIZES],
+            pending: None,
+        }
+    }
+}
+
+#[inline]
+fn note_size(sizes: &mut [u64; SIZES], distinct: &mut u8, size: u64) {
+    let n = (*distinct as usize).min(SIZES);
+    if sizes[..n].contains(&size) {
+        return;
+    }
+    if n < SIZES {
+        sizes[n] = size;
+        *distinct += 1;
+    } else {
+        *distinct = SIZES as u8 + 1;
+    }
+}
+
+/// A size class changing route, and why.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RouteChange {
+    pub op: u64,
+    pub class: String,
+    pub from: StrategyKind,
+    pub to: StrategyKind,
+    pub reason: String,
+}
+
+/// A controller decision other than routing: memory released and why.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Decision {
+    pub op: u64,
+    pub action: String,
+    pub bytes: u64,
+    pub reason: String,
+}
+
+/// What the engine knows of one size class, for the tuning report.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ClassSummary {
+    pub class: String,
+    pub min_bytes: u64,
+    pub max_bytes: u64,
+    pub route: StrategyKind,
+    pub requests: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub peak_live_bytes: u64,
+    /// Fraction of requests that found a freed block of the class waiting.
+    pub reuse_ratio: f64,
+    /// Distinct sizes seen (a value over 4 means "more than 4").
+    pub distinct_sizes: u8,
+    /// Median, 90th and 99th percentile lifetime, in operations, over recent frees.
+    pub lifetime_ops_p50_p90_p99: Option<[f64; 3]>,
+    /// The same for the distance, in operations, from a free to the request that reused it.
+    pub reuse_distance_ops_p50_p90_p99: Option<[f64; 3]>,
+}
+
+/// One point of the memory timeline, taken at controller ticks.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct TimelinePoint {
+    pub op: u64,
+    pub live_bytes: u64,
+    pub reserved_bytes: u64,
+    pub idle_bytes: u64,
+    pub device_free_bytes: u64,
+}
+
+/// The policy engine of one allocator.
+#[derive(Debug)]
+pub struct Engine {
+    policy: Policy,
+    kinds: Vec<StrategyKind>,
+    classes: Vec<ClassStats>,
+    headroom: u64,
+    low_watermark: u64,
+    tight_below: u64,
+    pressure_max_idle: u64,
+    max_idle: u64,
+    next_tick: u64,
+    next_sample: u64,
+    last_free: u64,
+    in_pressure: bool,
+    pub(crate) pressure_events: u64,
+    pub(crate) released_by_bounds: u64,
+    pub(crate) mem_info_samples: u64,
+    pub(crate) route_changes: Vec<RouteChange>,
+    pub(crate) decisions: Vec<Decision>,
+    pub(crate) timeline: Vec<TimelinePoint>,
+    timeline_every: u64,
+    started: Instant,
+}
+
+/// Decisions kept for the report (older ones are counted, not stored).
+const MAX_LOG: usize = 10_000;
+const MAX_TIMELINE: usize = 4096;
+
+impl Engine {
+    /// An engine for `policy` on a device of `total` bytes, over the strategies `kinds` (in
+    /// the allocator's order).
+    pub fn new(policy: Policy, kinds: Vec<StrategyKind>, total: u64) -> Self {
+        let b = &policy.bounds;
+        Engine {
+            headroom: b.headroom.resolve(total),
+            low_watermark: b.low_watermark.resolve(total),
+            tight_below: b.tight_below.resolve(total),
+            pressure_max_idle: b.pressure_max_idle.resolve(total),
+            max_idle: b.max_idle.resolve(total),
+            next_tick: policy.routing.interval_ops,
+            next_sample: 0,
+            last_free: total,
+            in_pressure: false,
+            pressure_events: 0,
+            released_by_bounds: 0,
+            mem_info_samples: 0,
+            route_changes: Vec::new(),
+            decisions: Vec::new(),
+            timeline: Vec::new(),
+            timeline_every: policy.routing.interval_ops,
+            started: Instant::now(),
+            classes: (0..BUCKETS).map(|_| ClassStats::new()).collect(),
+            kinds,
+            policy,
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Free device memory was under the low watermark at the last sample.
+    pub fn in_pressure(&self) -> bool {
+        self.in_pressure
+    }
+
+    pub fn headroom_bytes(&self) -> u64 {
+        self.headroom
+    }
+
+    fn index_of(&self, kind: StrategyKind) -> usize {
+        self.kinds.iter().position(|&k| k == kind).unwrap_or(0)
+    }
+
+    /// The starting route of every class.
+    pub fn initial_routes(&self) -> [u8; BUCKETS] {
+        let mut routes = [0u8; BUCKETS];
+        if self.policy.routing.mode != RoutingMode::Adaptive {
+            return routes;
+        }
+        for (b, r) in routes.iter_mut().enumerate() {
+            let kind = if bucket_range(b).0 >= self.policy.routing.passthrough_min.0 {
+                StrategyKind::Passthrough
+            } else {
+                StrategyKind::Suballoc
+            };
+            *r = self.index_of(kind) as u8;
+        }
+        routes
+    }
+
+    /// Records a request (hot path: a few adds and a short scan of 4 sizes).
+    #[inline]
+    pub fn on_alloc(&mut self, bucket: usize, bytes: u64, op: u64) {
+        let c = &mut self.classes[bucket];
+        c.requests += 1;
+        c.w_requests += 1;
+        c.bytes += bytes;
+        c.live.add(bytes);
+        c.live_blocks += 1;
+        c.w_peak_blocks = c.w_peak_blocks.max(c.live_blocks);
+        if c.waiting > 0 {
+            c.waiting -= 1;
+            c.reuse_hits += 1;
+            c.w_reuse_hits += 1;
+            c.reuse_distances.push(op - c.last_free_op);
+        }
+        note_size(&mut c.w_sizes, &mut c.w_distinct, bytes);
+        note_size(&mut c.all_sizes, &mut c.all_distinct, bytes);
+    }
+
+    /// Records a free (hot path: a few adds).
+    #[inline]
+    pub fn on_free(&mut self, bucket: usize, bytes: u64, lifetime_ops: u64, op: u64) {
+        let c = &mut self.classes[bucket];
+        c.frees += 1;
+        c.live.sub(bytes);
+        c.live_blocks -= 1;
+        c.waiting += 1;
+        c.last_free_op = op;
+        c.lifetimes.push(lifetime_ops);
+    }
+
+    /// True when the controller is due. Cost: one compare.
+    #[inline]
+    pub fn due(&self, op: u64) -> bool {
+        op >= self.next_tick
+    }
+
+    /// The controller: re-routes classes, samples free memory at a bounded rate, enforces the
+    /// bounds and ages out idle memory.
+    #[cold]
+    pub fn tick(
+        &mut self,
+        strategies: &mut [Strategy],
+        dev: &dyn Device,
+        routes: &mut [u8; BUCKETS],
+        op: u64,
+        live: u64,
+    ) {
+        self.next_tick = op + self.policy.routing.interval_ops;
+        if self.policy.routing.mode == RoutingMode::Adaptive {
+            self.reroute(routes, op);
+        }
+        let age = self.policy.bounds.idle_age_ops;
+        if age > 0 && op > age {
+            let released: u64 = strategies.iter_mut().map(|s| s.release_older_than(dev, op - age)).sum();
+            if released > 0 {
+                self.released_by_bounds += released;
+                self.log(
+                    op,
+                    "release",
+                    released,
+                    format!("idle memory not reused for {age} operations aged out"),
+                );
+            }
+        }
+        if op >= self.next_sample {
+            self.enforce_bounds(strategies, dev, op);
+        }
+        if op >= self.timeline.last().map(|p| p.op + self.timeline_every).unwrap_or(0) {
+            let reserved = strategies.iter().map(Strategy::reserved_bytes).sum();
+            let idle = strategies.iter().map(Strategy::idle_bytes).sum();
+            self.timeline.push(TimelinePoint {
+                op,
+                live_bytes: live,
+                reserved_bytes: reserved,
+                idle_bytes: idle,
+                device_free_bytes: self.last_free,
+            });
+            if self.timeline.len() >= MAX_TIMELINE {
+                let kept: Vec<_> = self.timeline.iter().copied().step_by(2).collect();
+                self.timeline = kept;
+                self.timeline_every *= 2;
+            }
+        }
+    }
+
+    /// Free device memory was under the headroom at the last sample: idle memory that appears
+    /// (a cached block, an emptied slab) should go back at once.
+    pub fn below_headroom(&self) -> bool {
+        self.last_free < self.headroom
+    }
+
+    /// Samples free memory now and enforces the bounds: after a driver allocation (free memory
+    /// fell), or when idle memory appears while free memory is under the headroom.
+    #[cold]
+    pub fn resample(&mut self, strategies: &mut [Strategy], dev: &dyn Device, op: u64) {
+        self.enforce_bounds(strategies, dev, op);
+    }
+
+    /// Samples free memory and releases idle memory above the bound it implies: never more idle
+    /// than `max_idle`; never so much that free memory sits under the headroom; at most
+    /// `pressure_max_idle` under the low watermark. Also caps the next slab by free - headroom.
+    fn enforce_bounds(&mut self, strategies: &mut [Strategy], dev: &dyn Device, op: u64) {
+        self.next_sample = op + self.policy.bounds.mem_info_interval_ops;
+        let Ok(info) = dev.mem_info() else { return };
+        self.mem_info_samples += 1;
+        self.last_free = info.free;
+        let idle: u64 = strategies.iter().map(Strategy::idle_bytes).sum();
+        let mut target = self.max_idle;
+        let mut reason = "idle memory over policy bounds.max_idle";
+        if info.free < self.headroom {
+            let short = self.headroom - info.free;
+            if idle.saturating_sub(short) < target {
+                target = idle.saturating_sub(short);
+                reason = "free device memory under the headroom";
+            }
+        }
+        let pressure = info.free < self.low_watermark;
+        if pressure && !self.in_pressure {
+            self.pressure_events += 1;
+            tracing::info!(
+                op,
+                free = info.free,
+                watermark = self.low_watermark,
+                "memory pressure: free device memory under the low watermark"
+            );
+        }
+        self.in_pressure = pressure;
+        if pressure && self.pressure_max_idle < target {
+            target = self.pressure_max_idle;
+            reason = "free device memory under the low watermark";
+        }
+        let limit = info.free.saturating_sub(self.headroom);
+        let tight = info.free < self.tight_below;
+        let segregate = match self.policy.suballoc.segregate {
+            super::Segregate::Always => true,
+            super::Segregate::Never => false,
+            super::Segregate::WhenTight => tight,
+        };
+        let growth = if tight {
+            self.policy.suballoc.growth
+        } else {
+            self.policy.suballoc.loose_growth
+        };
+        for s in strategies.iter_mut() {
+            if let Strategy::Suballoc(sub) = s {
+                sub.set_slab_limit(limit);
+                sub.set_segregate(segregate);
+                sub.set_growth(growth);
+            }
+        }
+        if idle <= target {
+            return;
+        }
+        // Cached blocks first (cheap to re-create), then empty slabs.
+        let mut need = idle - target;
+        let mut released = 0;
+        for kind in [StrategyKind::Caching, StrategyKind::Suballoc] {
+            for s in strategies.iter_mut().filter(|s| s.kind() == kind) {
+                let own = s.idle_bytes();
+                let r = s.release_down_to(dev, own - need.min(own));
+                released += r;
+                need = need.saturating_sub(r);
+            }
+        }
+        if released > 0 {
+            self.released_by_bounds += released;
+            self.log(
+                op,
+                "release",
+                released,
+                format!("{reason} (free {} of headroom {})", info.free, self.headroom),
+            );
+        }
+    }
+
+    fn reroute(&mut self, routes: &mut [u8; BUCKETS], op: u64) {
+        let r = self.policy.routing.clone();
+        for (b, route) in routes.iter_mut().enumerate() {
+            let c = &mut self.classes[b];
+            if c.w_requests < r.min_samples {
+                // Too few requests to judge; keep the window growing.
+                continue;
+            }
+            let (lo, _) = bucket_range(b);
+            let reuse = c.w_reuse_hits as f64 / c.w_requests as f64;
+            let (want, why) = if lo >= r.passthrough_min.0 {
+                (
+                    StrategyKind::Passthrough,
+                    format!(
+                        "sizes at least {} go to the driver",
+                        crate::size::ByteSize(r.passthrough_min.0)
+                    ),
+                )
+            } else if (c.w_distinct as u32) <= r.cache_max_distinct_sizes
+                && reuse >= r.cache_min_reuse
+                && c.w_peak_blocks <= r.cache_max_live_blocks
+            {
+                (
+                    StrategyKind::Caching,
+                    format!(
+                        "{} distinct size(s), {:.0}% of requests find a freed block, at most {} live: exact-size caching",
+                        c.w_distinct,
+                        reuse * 100.0,
+                        c.w_peak_blocks
+                    ),
+                )
+            } else {
+                (
+                    StrategyKind::Suballoc,
+                    format!(
+                        "{} distinct sizes, {:.0}% reuse: suballocation packs varied sizes",
+                        distinct_text(c.w_distinct),
+                        reuse * 100.0
+                    ),
+                )
+            };
+            c.w_requests = 0;
+            c.w_reuse_hits = 0;
+            c.w_distinct = 0;
+            c.w_peak_blocks = c.live_blocks;
+            let want_idx = self.kinds.iter().position(|&k| k == want).unwrap_or(0);
+            if want_idx == *route as usize {
+                c.pending = None;
+                continue;
+            }
+            let count = match c.pending {
+                Some((idx, n)) if idx == want_idx => n + 1,
+                _ => 1,
+            };
+            if count < r.hysteresis.max(1) {
+                c.pending = Some((want_idx, count));
+                continue;
+            }
+            c.pending = None;
+            let from = self.kinds[*route as usize];
+            *route = want_idx as u8;
+            let class = class_name(b);
+            tracing::info!(op, class = %class, %from, to = %want, reason = %why, "route changed");
+            if self.route_changes.len() < MAX_LOG {
+                self.route_changes.push(RouteChange {
+                    op,
+                    class,
+                    from,
+                    to: want,
+                    reason: why,
+                });
+            }
+        }
+    }
+
+    fn log(&mut self, op: u64, action: &str, bytes: u64, reason: String) {
+        tracing::info!(op, action, bytes, reason = %reason, "policy decision");
+        if self.decisions.len() < MAX_LOG {
+            self.decisions.push(Decision {
+                op,
+                action: action.into(),
+                bytes,
+                reason,
+            });
+        }
+    }
+
+    /// Per-class summaries (classes that saw requests), with their current routes.
+    pub fn summaries(&self, routes: &[u8; BUCKETS]) -> Vec<ClassSummary> {
+        self.classes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.requests > 0)
+            .map(|(b, c)| {
+                let (lo, hi) = bucket_range(b);
+                ClassSummary {
+                    class: class_name(b),
+                    min_bytes: lo,
+                    max_bytes: hi,
+                    route: self.kinds[routes[b] as usize],
+                    requests: c.requests,
+                    bytes: c.bytes,
+                    frees: c.frees,
+                    peak_live_bytes: c.live.peak,
+                    reuse_ratio: c.reuse_hits as f64 / c.requests as f64,
+                    distinct_sizes: c.all_distinct,
+                    lifetime_ops_p50_p90_p99: c.lifetimes.quantiles(),
+                    reuse_distance_ops_p50_p90_p99: c.reuse_distances.quantiles(),
+                }
+            })
+            .collect()
+    }
+
+    /// Seconds since the engine started (for allocation rates).
+    pub fn elapsed_secs(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
+
+fn distinct_text(n: u8) -> String {
+    if n as usize > SIZES {
+        format!("more than {SIZES}")
+    } else {
+        n.to_string()
+    }
+}
+
+/// A class's name: its size range, "1MiB..2MiB".
+pub fn class_name(b: usize) -> String {
+    let (lo, hi) = bucket_range(b);
+    format!(
+        "{}..{}",
+        crate::size::ByteSize(lo),
+        crate::size::ByteSize(hi.saturating_add(1))
+    )
+}

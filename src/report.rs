@@ -1,0 +1,364 @@
+//! The tuning report written after a run: what the workload did, what the engine decided and
+//! why, what it saved against passthrough, and a recommended policy in the same TOML schema the
+//! policy files use (feed it back with `ADAPTALLOC_POLICY`). Data (serde: TOML, JSON) plus a
+//! view (Display: Markdown, also fine in a terminal).
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::device::CostModel;
+use crate::policy::{ClassSummary, Decision, Policy, RouteChange, Segregate, SizeOrFraction, TimelinePoint};
+use crate::size::ByteSize;
+use crate::stats::{Stats, StrategyStats};
+use crate::strategy::StrategyKind;
+
+/// Driver calls and time, against what passthrough would have done for the same requests.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct DriverSummary {
+    pub driver_allocs: u64,
+    pub driver_frees: u64,
+    /// One driver allocation per request and one free per free.
+    pub passthrough_calls: u64,
+    /// Our driver calls as a fraction of passthrough's.
+    pub calls_ratio: f64,
+    /// Time in the driver: modelled on SimDevice, measured on a GPU.
+    pub driver_ns: u64,
+    /// Passthrough's driver time for the same requests, modelled with the default cost model
+    /// from each class's mean size.
+    pub passthrough_modeled_ns: u64,
+    pub saved_ns: i64,
+}
+
+/// Memory at its peaks.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct MemorySummary {
+    pub peak_live_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub reserved_over_live: f64,
+    pub peak_idle_bytes: u64,
+    pub headroom_bytes: u64,
+}
+
+/// Hits and misses of one strategy.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct HitRate {
+    pub strategy: StrategyKind,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_rate: f64,
+}
+
+/// Everything a run taught, and what to do next time.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TuningReport {
+    pub device: String,
+    pub device_total_bytes: u64,
+    pub policy: String,
+    pub operations: u64,
+    pub requests: u64,
+    pub frees: u64,
+    pub failed_allocs: u64,
+    pub oom_recoveries: u64,
+    pub pressure_events: u64,
+    pub bytes_released_by_bounds: u64,
+    pub mem_info_samples: u64,
+    pub driver: DriverSummary,
+    pub memory: MemorySummary,
+    pub hit_rates: Vec<HitRate>,
+    /// Size histogram and per-class behaviour: one entry per power-of-two class.
+    pub classes: Vec<ClassSummary>,
+    pub route_changes: Vec<RouteChange>,
+    pub decisions: Vec<Decision>,
+    pub timeline: Vec<TimelinePoint>,
+    /// Why the recommended policy differs from the one used.
+    pub recommendations: Vec<String>,
+    pub recommended_policy: Policy,
+}
+
+/// What the allocator hands the report builder.
+pub(crate) struct ReportInput<'a> {
+    pub device: String,
+    pub device_total: u64,
+    pub device_driver_ns: u64,
+    pub policy: &'a Policy,
+    pub stats: &'a Stats,
+    pub operations: u64,
+    pub headroom: u64,
+    pub pressure_events: u64,
+    pub released_by_bounds: u64,
+    pub mem_info_samples: u64,
+    pub classes: Vec<ClassSummary>,
+    pub route_changes: Vec<RouteChange>,
+    pub decisions: Vec<Decision>,
+    pub timeline: Vec<TimelinePoint>,
+}
+
+impl TuningReport {
+    pub(crate) fn build(input: ReportInput<'_>) -> Self {
+        let st = input.stats;
+        let requests: u64 = input.classes.iter().map(|c| c.requests).sum();
+        let frees: u64 = input.classes.iter().map(|c| c.frees).sum();
+        let cost = CostModel::default();
+        let passthrough_ns: u64 = input
+            .classes
+            .iter()
+            .map(|c| {
+                let mean = c.bytes / c.requests.max(1);
+                c.requests * cost.alloc_ns(mean) + c.frees * cost.free_ns(mean)
+            })
+            .sum();
+        let passthrough_calls = requests + frees;
+        let driver = DriverSummary {
+            driver_allocs: st.driver_allocs,
+            driver_frees: st.driver_frees,
+            passthrough_calls,
+            calls_ratio: (st.driver_allocs + st.driver_frees) as f64 / passthrough_calls.max(1) as f64,
+            driver_ns: input.device_driver_ns,
+            passthrough_modeled_ns: passthrough_ns,
+            saved_ns: passthrough_ns as i64 - input.device_driver_ns as i64,
+        };
+        let memory = MemorySummary {
+            peak_live_bytes: st.live_bytes.peak,
+            peak_reserved_bytes: st.reserved_bytes.peak,
+            reserved_over_live: st.reserved_bytes.peak as f64 / st.live_bytes.peak.max(1) as f64,
+            peak_idle_bytes: st.idle_bytes.peak,
+            headroom_bytes: input.headroom,
+        };
+        let hit_rates = st
+            .per_strategy
+            .iter()
+            .map(|&(strategy, StrategyStats { hits, misses })| HitRate {
+                strategy,
+                hits,
+                misses,
+                hit_rate: hits as f64 / (hits + misses).max(1) as f64,
+            })
+            .collect();
+        let mut report = TuningReport {
+            device: input.device,
+            device_total_bytes: input.device_total,
+            policy: input.policy.description.clone(),
+            operations: input.operations,
+            requests,
+            frees,
+            failed_allocs: st.failed_allocs,
+            oom_recoveries: st.oom_recoveries,
+            pressure_events: input.pressure_events,
+            bytes_released_by_bounds: input.released_by_bounds,
+            mem_info_samples: input.mem_info_samples,
+            driver,
+            memory,
+            hit_rates,
+            classes: input.classes,
+            route_changes: input.route_changes,
+            decisions: input.decisions,
+            timeline: input.timeline,
+            recommendations: Vec::new(),
+            recommended_policy: input.policy.clone(),
+        };
+        report.recommend();
+        report
+    }
+
+    /// Derives the recommended policy from what happened. Each change says why.
+    fn recommend(&mut self) {
+        let p = &mut self.recommended_policy;
+        let mut why = Vec::new();
+        let tight = self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0;
+        if tight {
+            if p.suballoc.segregate != Segregate::Always {
+                p.suballoc.segregate = Segregate::Always;
+                why.push(format!(
+                    "memory ran short ({} failed, {} recovered out-of-memory, {} pressure events): segregate slabs by size so freed holes fit the next request of their class",
+                    self.failed_allocs, self.oom_recoveries, self.pressure_events
+                ));
+            }
+            if p.suballoc.loose_growth > p.suballoc.growth {
+                p.suballoc.loose_growth = p.suballoc.growth;
+                why.push("memory ran short: grow slabs slowly even while there is room".into());
+            }
+        } else if self.driver.calls_ratio > 0.10 && self.bytes_released_by_bounds > 0 {
+            // Idle memory was given back and then asked for again: keep more of it.
+            let peak = self.memory.peak_live_bytes;
+            let bound = SizeOrFraction::Bytes(peak / 2);
+            p.bounds.max_idle = bound;
+            p.bounds.idle_age_ops = p.bounds.idle_age_ops.saturating_mul(4).max(100_000);
+            why.push(format!(
+                "{:.0}% of passthrough's driver calls while {} of idle memory was released by bounds: keep up to {} idle and age it out 4x later",
+                self.driver.calls_ratio * 100.0,
+                ByteSize(self.bytes_released_by_bounds),
+                ByteSize(peak / 2)
+            ));
+        }
+        if self.route_changes.len() as u64 > 4 * self.classes.len().max(1) as u64 {
+            p.routing.hysteresis = p.routing.hysteresis.saturating_mul(2).max(2);
+            why.push(format!(
+                "{} route changes over {} classes: double the hysteresis to stop routes flapping",
+                self.route_changes.len(),
+                self.classes.len()
+            ));
+        }
+        if self.memory.reserved_over_live > 1.5 && !tight {
+            p.suballoc.loose_growth = (p.suballoc.loose_growth / 2.0).max(0.125);
+            p.suballoc.growth = p.suballoc.growth.min(p.suballoc.loose_growth);
+            why.push(format!(
+                "peak reserved is {:.2}x peak live: halve slab growth to {} for less waste",
+                self.memory.reserved_over_live, p.suballoc.loose_growth
+            ));
+        }
+        if why.is_empty() {
+            why.push("the policy used fits this workload: no change".into());
+        }
+        p.description = format!("recommended by adaptalloc for this workload; based on: {}", self.policy);
+        self.recommendations = why;
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a report always serializes")
+    }
+
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string_pretty(self)
+    }
+
+    /// Writes the report to `path`, as TOML, JSON or Markdown by its extension (.toml, .json,
+    /// anything else: Markdown).
+    pub fn write_to(&self, path: &std::path::Path) -> std::io::Result<()> {
+        let text = match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => self.to_json(),
+            Some("toml") => self.to_toml().map_err(std::io::Error::other)?,
+            _ => self.to_string(),
+        };
+        std::fs::write(path, text)
+    }
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.1} ms", ns as f64 / 1e6)
+}
+
+impl fmt::Display for TuningReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = &self.driver;
+        let m = &self.memory;
+        writeln!(f, "# adaptalloc tuning report\n")?;
+        writeln!(
+            f,
+            "Device: {} ({}). Policy: {}.\n",
+            self.device,
+            ByteSize(self.device_total_bytes),
+            self.policy
+        )?;
+        writeln!(f, "## Summary\n")?;
+        writeln!(f, "| | |\n|---|---|")?;
+        writeln!(f, "| requests / frees | {} / {} |", self.requests, self.frees)?;
+        writeln!(
+            f,
+            "| driver calls | {} allocs + {} frees = {:.1}% of passthrough's {} |",
+            d.driver_allocs,
+            d.driver_frees,
+            d.calls_ratio * 100.0,
+            d.passthrough_calls
+        )?;
+        writeln!(
+            f,
+            "| driver time | {} (passthrough, modelled: {}; saved {}) |",
+            ms(d.driver_ns),
+            ms(d.passthrough_modeled_ns),
+            ms(d.saved_ns.max(0) as u64)
+        )?;
+        writeln!(
+            f,
+            "| peak live / reserved | {} / {} ({:.2}x) |",
+            ByteSize(m.peak_live_bytes),
+            ByteSize(m.peak_reserved_bytes),
+            m.reserved_over_live
+        )?;
+        writeln!(
+            f,
+            "| peak idle, headroom | {}, {} |",
+            ByteSize(m.peak_idle_bytes),
+            ByteSize(m.headroom_bytes)
+        )?;
+        writeln!(
+            f,
+            "| failed / recovered OOM / pressure events | {} / {} / {} |",
+            self.failed_allocs, self.oom_recoveries, self.pressure_events
+        )?;
+        writeln!(
+            f,
+            "| idle memory released by bounds | {} |",
+            ByteSize(self.bytes_released_by_bounds)
+        )?;
+        for h in &self.hit_rates {
+            writeln!(
+                f,
+                "| {} hit rate | {:.1}% ({} hits, {} misses) |",
+                h.strategy,
+                h.hit_rate * 100.0,
+                h.hits,
+                h.misses
+            )?;
+        }
+        writeln!(f, "\n## Size classes\n")?;
+        writeln!(
+            f,
+            "| class | route | requests | bytes | peak live | reuse | sizes | lifetime p50/p90 (ops) |"
+        )?;
+        writeln!(f, "|---|---|---|---|---|---|---|---|")?;
+        for c in &self.classes {
+            let life = c
+                .lifetime_ops_p50_p90_p99
+                .map(|q| format!("{:.0} / {:.0}", q[0], q[1]))
+                .unwrap_or("-".into());
+            let sizes = if c.distinct_sizes > 4 {
+                ">4".to_string()
+            } else {
+                c.distinct_sizes.to_string()
+            };
+            writeln!(
+                f,
+                "| {} | {} | {} | {} | {} | {:.0}% | {} | {} |",
+                c.class,
+                c.route,
+                c.requests,
+                ByteSize(c.bytes),
+                ByteSize(c.peak_live_bytes),
+                c.reuse_ratio * 100.0,
+                sizes,
+                life
+            )?;
+        }
+        if !self.route_changes.is_empty() {
+            writeln!(f, "\n## Route changes\n")?;
+            for r in self.route_changes.iter().take(50) {
+                writeln!(f, "- op {}: {} {} -> {}: {}", r.op, r.class, r.from, r.to, r.reason)?;
+            }
+            if self.route_changes.len() > 50 {
+                writeln!(f, "- ... {} more", self.route_changes.len() - 50)?;
+            }
+        }
+        if !self.decisions.is_empty() {
+            writeln!(f, "\n## Memory given back\n")?;
+            for dcs in self.decisions.iter().take(20) {
+                writeln!(
+                    f,
+                    "- op {}: {} {}: {}",
+                    dcs.op,
+                    dcs.action,
+                    ByteSize(dcs.bytes),
+                    dcs.reason
+                )?;
+            }
+            if self.decisions.len() > 20 {
+                writeln!(f, "- ... {} more", self.decisions.len() - 20)?;
+            }
+        }
+        writeln!(f, "\n## Recommendation\n")?;
+        for r in &self.recommendations {
+            writeln!(f, "- {r}")?;
+        }
+        writeln!(f, "\n```toml\n{}```", self.recommended_policy.to_toml())
+    }
+}
