@@ -42,6 +42,22 @@ pub struct DeviceStats {
     pub driver_ns: u64,
 }
 
+/// Page-granular virtual memory, as CUDA's cuMemAddressReserve / cuMemCreate / cuMemMap /
+/// cuMemUnmap give it: address space costs nothing, and physical memory is mapped into it and
+/// given back a page at a time. Mapping counts as a driver allocation, unmapping as a free.
+pub trait VirtualMemory: Send + Sync {
+    /// The mapping granule (2 MiB on CUDA).
+    fn page_size(&self) -> u64;
+    /// Reserves `bytes` (a page multiple) of address space; consumes no memory.
+    fn reserve(&self, bytes: u64) -> Result<DevicePtr, DeviceError>;
+    /// Gives back a reserved range; every page in it must be unmapped.
+    fn unreserve(&self, ptr: DevicePtr) -> Result<(), DeviceError>;
+    /// Backs `ptr..ptr+bytes` (page-aligned, inside a reservation) with physical memory.
+    fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
+    /// Returns the physical memory behind `ptr..ptr+bytes` to the device.
+    fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
+}
+
 /// A source of device memory. Implementations are thread-safe; every method may be called
 /// concurrently. Pointers are at least [`alignment`](Device::alignment)-aligned and never overlap.
 pub trait Device: Send + Sync + std::fmt::Debug {
@@ -66,6 +82,11 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         } else {
             crate::size::round_up(bytes, 512)
         }
+    }
+    /// Virtual memory management, where the device has it: reserve address ranges and map or
+    /// unmap physical pages in them. None (the default) means whole allocations only.
+    fn vmm(&self) -> Option<&dyn VirtualMemory> {
+        None
     }
     /// What this device has done so far.
     fn stats(&self) -> DeviceStats;

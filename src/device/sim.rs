@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use parking_lot::Mutex;
 
-use super::{CostModel, Device, DevicePtr, DeviceStats, MemInfo};
+use super::{CostModel, Device, DevicePtr, DeviceStats, MemInfo, VirtualMemory};
 use crate::error::DeviceError;
 use crate::rng::SplitMix64;
 use crate::size::{ByteSize, GIB, MIB, align_up, round_up};
@@ -91,6 +91,8 @@ struct State {
     tenant_failures: u64,
     script: Vec<TenantAction>,
     script_pos: usize,
+    /// Address reservations (virtual memory): base -> (size, mapped bytes).
+    reservations: std::collections::BTreeMap<DevicePtr, (u64, u64)>,
 }
 
 /// A simulated GPU. Thread-safe; every call takes one short lock.
@@ -100,6 +102,7 @@ pub struct SimDevice {
     granularity: Granularity,
     cost: CostModel,
     faults: FaultPlan,
+    vmm: bool,
     state: Mutex<State>,
 }
 
@@ -112,9 +115,16 @@ pub struct SimDeviceBuilder {
     cost: CostModel,
     faults: FaultPlan,
     script: Vec<TenantAction>,
+    vmm: bool,
 }
 
 impl SimDeviceBuilder {
+    /// Whether the device offers virtual memory management ([`VirtualMemory`]); default true,
+    /// as CUDA does since 10.2.
+    pub fn vmm(mut self, on: bool) -> Self {
+        self.vmm = on;
+        self
+    }
     pub fn capacity(mut self, bytes: u64) -> Self {
         self.capacity = bytes;
         self
@@ -154,8 +164,10 @@ impl SimDeviceBuilder {
                 tenant_failures: 0,
                 script: self.script,
                 script_pos: 0,
+                reservations: std::collections::BTreeMap::new(),
             }),
             faults: self.faults,
+            vmm: self.vmm,
         }
     }
 }
@@ -168,6 +180,7 @@ impl SimDevice {
             cost: CostModel::default(),
             faults: FaultPlan::default(),
             script: Vec::new(),
+            vmm: true,
         }
     }
 
@@ -341,8 +354,88 @@ impl Device for SimDevice {
         self.state.lock().stats
     }
 
+    fn vmm(&self) -> Option<&dyn VirtualMemory> {
+        if self.vmm { Some(self) } else { None }
+    }
+
     fn name(&self) -> String {
         format!("SimDevice {}", ByteSize(self.capacity))
+    }
+}
+
+impl SimDevice {
+    /// The reservation holding `ptr..ptr+bytes`, if any: (base, size, mapped).
+    fn reservation_of(s: &State, ptr: DevicePtr, bytes: u64) -> Option<(DevicePtr, u64, u64)> {
+        let (&base, &(size, mapped)) = s.reservations.range(..=ptr).next_back()?;
+        (ptr + bytes <= base + size).then_some((base, size, mapped))
+    }
+}
+
+impl VirtualMemory for SimDevice {
+    fn page_size(&self) -> u64 {
+        self.granularity.large_granule
+    }
+
+    fn reserve(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let page = self.page_size();
+        let mut s = self.state.lock();
+        let ptr = align_up(s.cursor, page);
+        s.cursor = ptr + round_up(bytes, page);
+        s.reservations.insert(ptr, (round_up(bytes, page), 0));
+        Ok(ptr)
+    }
+
+    fn unreserve(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        match s.reservations.get(&ptr) {
+            Some(&(_, 0)) => {
+                s.reservations.remove(&ptr);
+                Ok(())
+            }
+            _ => Err(DeviceError::UnknownPointer { ptr }),
+        }
+    }
+
+    fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        s.attempts += 1;
+        s.stats.driver_ns += self.cost.alloc_ns(bytes);
+        if self.inject_fault(&mut s) {
+            s.stats.failed_allocs += 1;
+            return Err(DeviceError::InjectedFault { requested: ByteSize(bytes), nth: s.attempts });
+        }
+        if bytes > self.capacity - s.used {
+            s.stats.failed_allocs += 1;
+            return Err(DeviceError::OutOfMemory {
+                requested: ByteSize(bytes),
+                free: ByteSize(self.capacity - s.used),
+                total: ByteSize(self.capacity),
+            });
+        }
+        s.used += bytes;
+        s.reservations.get_mut(&base).expect("found above").1 += bytes;
+        s.stats.driver_allocs += 1;
+        s.stats.allocated_bytes += bytes;
+        Ok(())
+    }
+
+    fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        let Some((base, _, mapped)) = Self::reservation_of(&s, ptr, bytes) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        if mapped < bytes {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        s.used -= bytes;
+        s.reservations.get_mut(&base).expect("found above").1 -= bytes;
+        s.stats.driver_frees += 1;
+        s.stats.allocated_bytes -= bytes;
+        s.stats.driver_ns += self.cost.free_ns(bytes);
+        Ok(())
     }
 }
 

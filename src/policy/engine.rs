@@ -380,11 +380,14 @@ impl Engine {
         let idle: u64 = strategies.iter().map(Strategy::idle_bytes).sum();
         let mut target = self.max_idle;
         let mut reason = "idle memory over policy bounds.max_idle";
+        // Unmapping pages inside slabs in use pays off only when others need the memory now.
+        let mut unmap_pages = false;
         if info.free < self.headroom {
             let short = self.headroom - info.free;
             if idle.saturating_sub(short) < target {
                 target = idle.saturating_sub(short);
                 reason = "free device memory under the headroom";
+                unmap_pages = true;
             }
         }
         let pressure = info.free < self.low_watermark;
@@ -401,6 +404,7 @@ impl Engine {
         if pressure && self.pressure_max_idle < target {
             target = self.pressure_max_idle;
             reason = "free device memory under the low watermark";
+            unmap_pages = true;
         }
         let limit = info.free.saturating_sub(self.headroom);
         let tight = info.free < self.tight_below;
@@ -430,7 +434,7 @@ impl Engine {
         for kind in [StrategyKind::Caching, StrategyKind::Suballoc] {
             for s in strategies.iter_mut().filter(|s| s.kind() == kind) {
                 let own = s.idle_bytes();
-                let r = s.release_down_to(dev, own - need.min(own));
+                let r = s.release_down_to(dev, own - need.min(own), unmap_pages);
                 released += r;
                 need = need.saturating_sub(r);
             }

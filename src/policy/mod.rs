@@ -229,6 +229,10 @@ pub struct SuballocPolicy {
     /// `when-tight` (while free device memory is under `bounds.tight_below`: mixed slabs make
     /// fewer driver calls, segregated ones fragment less).
     pub segregate: Segregate,
+    /// Where the device has virtual memory management, back slabs page by page and give back
+    /// pages no live block touches when memory runs short (free space inside slabs is then
+    /// never stranded).
+    pub page_release: bool,
 }
 
 /// When the suballocator segregates slabs by size class.
@@ -248,6 +252,7 @@ impl Default for SuballocPolicy {
             growth: 0.25,
             loose_growth: 0.25,
             segregate: Segregate::Never,
+            page_release: true,
         }
     }
 }

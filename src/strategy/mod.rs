@@ -5,6 +5,7 @@
 //! strategy returned when that pointer is freed.
 
 mod caching;
+mod pages;
 mod passthrough;
 mod slots;
 mod suballoc;
@@ -129,14 +130,13 @@ impl Strategy {
 
     /// Releases idle memory until at most `keep` idle bytes remain, where it can (free space
     /// inside slabs that hold live blocks cannot be released).
-    pub fn release_down_to(&mut self, dev: &dyn Device, keep: u64) -> u64 {
+    /// `unmap_pages` also unmaps unused pages inside paged slabs that hold live blocks (worth it
+    /// when others need the memory, not to meet an idle bound: they are mapped again soon).
+    pub fn release_down_to(&mut self, dev: &dyn Device, keep: u64, unmap_pages: bool) -> u64 {
         match self {
             Strategy::Passthrough(_) => 0,
             Strategy::Caching(s) => s.trim_to(dev, keep),
-            Strategy::Suballoc(s) => {
-                let fragment = s.idle_bytes() - s.empty_bytes();
-                s.release_empty_slabs(dev, keep.saturating_sub(fragment))
-            }
+            Strategy::Suballoc(s) => s.release_down_to(dev, keep, unmap_pages),
         }
     }
 
@@ -145,7 +145,7 @@ impl Strategy {
         match self {
             Strategy::Passthrough(_) => 0,
             Strategy::Caching(s) => s.trim_to(dev, 0),
-            Strategy::Suballoc(s) => s.release_empty_slabs(dev, 0),
+            Strategy::Suballoc(s) => s.release_empty_slabs(dev, 0) + s.unmap_unused(dev, u64::MAX),
         }
     }
 
@@ -181,7 +181,7 @@ impl Strategy {
         match self {
             Strategy::Passthrough(_) => 0,
             Strategy::Caching(s) => s.idle_bytes(),
-            Strategy::Suballoc(s) => s.empty_bytes(),
+            Strategy::Suballoc(s) => s.releasable_bytes(),
         }
     }
 

@@ -8,6 +8,7 @@
 //! Free neighbours merge when they share a stream or one of them is unrestricted (the result
 //! keeps the restriction).
 
+use super::pages::PageMap;
 use super::slots::Slots;
 use super::{BlockMeta, Grant, StreamId};
 use crate::device::{Device, DevicePtr};
@@ -32,6 +33,10 @@ pub struct SuballocConfig {
     /// power of two, with slabs a whole number of requests big. Holes left by freed blocks then
     /// fit the next request of their class instead of being split by smaller ones.
     pub segregate: bool,
+    /// On a device with virtual memory management, back slabs page by page: pages no live block
+    /// touches can be unmapped and given back even while their slab holds live blocks, so free
+    /// space inside slabs is never stranded when memory runs short.
+    pub page_release: bool,
 }
 
 impl Default for SuballocConfig {
@@ -42,6 +47,7 @@ impl Default for SuballocConfig {
             growth: 0.25,
             max_empty_bytes: 0,
             segregate: false,
+            page_release: false,
         }
     }
 }
@@ -147,6 +153,8 @@ pub struct Suballoc {
     slab_limit: u64,
     /// The allocator's operation count at the last free.
     now: u64,
+    /// Page maps of slabs backed by virtual memory, by slab id (None: a whole driver allocation).
+    pages: Vec<Option<PageMap>>,
 }
 
 impl Suballoc {
@@ -166,6 +174,7 @@ impl Suballoc {
             used: 0,
             slab_limit: u64::MAX,
             now: 0,
+            pages: Vec::new(),
         }
     }
 
@@ -192,10 +201,13 @@ impl Suballoc {
         let found = own
             .and_then(|li| self.find(li, bytes))
             .or_else(|| self.any_list[pool as usize].and_then(|li| self.find(li, bytes)));
-        let (idx, hit) = match found {
+        let (idx, mut hit) = match found {
             Some(idx) => (idx, true),
             None => (self.new_slab(dev, bytes, pool)?, false),
         };
+        if self.map_for(dev, idx, bytes)? {
+            hit = false;
+        }
         let ptr = self.take(idx, bytes);
         Ok(Grant {
             ptr,
@@ -284,6 +296,10 @@ impl Suballoc {
         debug_assert_eq!(self.nodes[node].list, USED);
         let n = self.nodes[node];
         self.used -= n.size;
+        let base = self.slabs[n.slab].base;
+        if let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) {
+            pm.release(n.addr - base, n.size);
+        }
         let slab = &mut self.slabs[n.slab];
         slab.used -= n.size;
         let emptied = slab.used == 0;
@@ -463,6 +479,10 @@ impl Suballoc {
             self.push_free(rest, li);
         }
         self.used += self.nodes[idx].size;
+        let base = self.slabs[n.slab].base;
+        if let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) {
+            pm.acquire(n.addr - base, bytes);
+        }
         n.addr
     }
 
@@ -492,14 +512,39 @@ impl Suballoc {
             round_up(count.saturating_mul(bytes), granule).min(max_slab)
         };
         let preferred = preferred.min(limit).max(exact);
-        let (base, size) = match dev.allocate(preferred) {
-            Ok(p) => (p, preferred),
-            // Tight device: a slab just big enough may still fit.
-            Err(e) if e.is_out_of_memory() && preferred > exact => (dev.allocate(exact)?, exact),
-            Err(e) => return Err(e),
+        let (base, size, page_map) = match dev.vmm().filter(|_| self.config.page_release) {
+            Some(vmm) => {
+                // Address space is free: reserve the whole slab, map what fits (all of it, or
+                // just the request's pages on a tight device).
+                let base = vmm.reserve(preferred)?;
+                let mut pm = PageMap::new(preferred, vmm.page_size());
+                let mapped = match vmm.map(base, preferred) {
+                    Ok(()) => preferred,
+                    Err(e) if e.is_out_of_memory() && preferred > exact => match vmm.map(base, exact) {
+                        Ok(()) => exact,
+                        Err(e) => {
+                            let _ = vmm.unreserve(base);
+                            return Err(e);
+                        }
+                    },
+                    Err(e) => {
+                        let _ = vmm.unreserve(base);
+                        return Err(e);
+                    }
+                };
+                pm.mark_mapped(0, mapped);
+                (base, preferred, Some(pm))
+            }
+            None => match dev.allocate(preferred) {
+                Ok(p) => (p, preferred, None),
+                // Tight device: a slab just big enough may still fit.
+                Err(e) if e.is_out_of_memory() && preferred > exact => (dev.allocate(exact)?, exact, None),
+                Err(e) => return Err(e),
+            },
         };
-        self.reserved += size;
-        self.pool_reserved[pool as usize] += size;
+        let held = page_map.as_ref().map(|pm| pm.mapped_bytes).unwrap_or(size);
+        self.reserved += held;
+        self.pool_reserved[pool as usize] += held;
         let slab = Slab {
             base,
             size,
@@ -510,6 +555,10 @@ impl Suballoc {
             emptied_at: self.now,
         };
         let slab_id = self.slabs.insert(slab);
+        if self.pages.len() <= slab_id as usize {
+            self.pages.resize(slab_id as usize + 1, None);
+        }
+        self.pages[slab_id as usize] = page_map;
         let idx = self.nodes.insert(Node {
             addr: base,
             size,
@@ -540,12 +589,120 @@ impl Suballoc {
             idx = next;
         }
         self.slabs.release(slab_id);
-        self.reserved -= slab.size;
-        self.pool_reserved[slab.pool as usize] -= slab.size;
-        if let Err(e) = dev.free(slab.base) {
-            tracing::error!(ptr = slab.base, error = %e, "driver free of a slab failed; slab forgotten");
+        let released = match self.pages[slab_id as usize].take() {
+            Some(mut pm) => {
+                let mapped = pm.mapped_bytes;
+                let vmm = dev.vmm().expect("a paged slab's device has vmm");
+                for (off, len) in pm.take_unused_runs(u64::MAX) {
+                    if let Err(e) = vmm.unmap(slab.base + off, len) {
+                        tracing::error!(ptr = slab.base + off, error = %e, "unmap failed; pages forgotten");
+                    }
+                }
+                if let Err(e) = vmm.unreserve(slab.base) {
+                    tracing::error!(ptr = slab.base, error = %e, "unreserve failed; range forgotten");
+                }
+                mapped
+            }
+            None => {
+                if let Err(e) = dev.free(slab.base) {
+                    tracing::error!(ptr = slab.base, error = %e, "driver free of a slab failed; slab forgotten");
+                }
+                slab.size
+            }
+        };
+        self.reserved -= released;
+        self.pool_reserved[slab.pool as usize] -= released;
+        released
+    }
+
+    /// Maps the pages a block of `bytes` at free node `idx` needs; true when it made driver
+    /// calls. Fails (changing nothing) when the device cannot back them.
+    fn map_for(&mut self, dev: &dyn Device, idx: u32, bytes: u64) -> Result<bool, DeviceError> {
+        let n = self.nodes[idx];
+        let slab = self.slabs[n.slab];
+        let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else { return Ok(false) };
+        let runs = pm.unmapped_runs(n.addr - slab.base, bytes);
+        if runs.is_empty() {
+            return Ok(false);
         }
-        slab.size
+        let vmm = dev.vmm().expect("a paged slab's device has vmm");
+        let mut done: Vec<(u64, u64)> = Vec::new();
+        for &(off, len) in &runs {
+            if let Err(e) = vmm.map(slab.base + off, len) {
+                for &(o, l) in &done {
+                    let _ = vmm.unmap(slab.base + o, l);
+                }
+                return Err(e);
+            }
+            done.push((off, len));
+        }
+        let mut added = 0;
+        for (off, len) in runs {
+            pm.mark_mapped(off, len);
+            added += len;
+        }
+        self.reserved += added;
+        self.pool_reserved[slab.pool as usize] += added;
+        Ok(true)
+    }
+
+    /// Unmaps pages no live block touches, in every paged slab, until `want` bytes are given
+    /// back; returns the bytes unmapped. Slabs left empty and unmapped drop their reservation.
+    pub fn unmap_unused(&mut self, dev: &dyn Device, want: u64) -> u64 {
+        let Some(vmm) = dev.vmm() else { return 0 };
+        let mut released = 0;
+        for id in 0..self.pages.len() {
+            if released >= want {
+                break;
+            }
+            let Some(pm) = self.pages[id].as_mut() else { continue };
+            if pm.unused_mapped_bytes == 0 {
+                continue;
+            }
+            let base = self.slabs[id as u32].base;
+            let pool = self.slabs[id as u32].pool;
+            for (off, len) in pm.take_unused_runs(want - released) {
+                if let Err(e) = vmm.unmap(base + off, len) {
+                    tracing::error!(ptr = base + off, error = %e, "unmap failed; pages forgotten");
+                }
+                released += len;
+                self.reserved -= len;
+                self.pool_reserved[pool as usize] -= len;
+            }
+        }
+        // Empty slabs with nothing mapped cost nothing but address space: drop them.
+        let unmapped_empty: Vec<u32> = self
+            .empty
+            .iter()
+            .copied()
+            .filter(|&id| self.pages[id as usize].as_ref().is_some_and(|pm| pm.mapped_bytes == 0))
+            .collect();
+        for id in unmapped_empty {
+            self.release_slab(dev, id);
+        }
+        released
+    }
+
+    /// Idle bytes that can be given back now: empty slabs, and in paged slabs every mapped
+    /// page no live block touches.
+    pub fn releasable_bytes(&self) -> u64 {
+        let paged: u64 = self.pages.iter().flatten().map(|pm| pm.unused_mapped_bytes).sum();
+        let whole: u64 = self.empty.iter().filter(|&&id| self.pages[id as usize].is_none()).map(|&id| self.slabs[id].size).sum();
+        paged + whole
+    }
+
+    /// Gives back idle memory until at most `keep` idle bytes remain, where it can: empty slabs
+    /// first, then (with `unmap_pages`) unused pages of paged slabs.
+    pub fn release_down_to(&mut self, dev: &dyn Device, keep: u64, unmap_pages: bool) -> u64 {
+        let mut released = 0;
+        while self.idle_bytes() > keep {
+            let Some(&id) = self.empty.last() else { break };
+            released += self.release_slab(dev, id);
+        }
+        if unmap_pages && self.idle_bytes() > keep {
+            released += self.unmap_unused(dev, self.idle_bytes() - keep);
+        }
+        released
     }
 
     fn mark_empty(&mut self, slab_id: u32) {

@@ -1,0 +1,131 @@
+//! Page bookkeeping of a slab backed by virtual memory management (reserve an address range,
+//! map and unmap physical pages in it, as CUDA's cuMemAddressReserve / cuMemMap do): which pages
+//! are mapped, and how many live blocks touch each. A mapped page no live block touches can be
+//! unmapped and its memory given back, even while its slab holds live blocks elsewhere; so free
+//! space inside slabs is no longer stranded.
+
+/// Pages of one slab. Offsets are relative to the slab's base.
+#[derive(Debug, Clone)]
+pub(crate) struct PageMap {
+    page: u64,
+    /// Live blocks overlapping each page.
+    refs: Vec<u32>,
+    mapped: Vec<bool>,
+    pub(crate) mapped_bytes: u64,
+    /// Mapped pages with no live block: memory that can be given back now.
+    pub(crate) unused_mapped_bytes: u64,
+}
+
+impl PageMap {
+    /// A slab of `size` bytes (a multiple of `page`), nothing mapped yet.
+    pub(crate) fn new(size: u64, page: u64) -> Self {
+        let n = size.div_ceil(page) as usize;
+        PageMap { page, refs: vec![0; n], mapped: vec![false; n], mapped_bytes: 0, unused_mapped_bytes: 0 }
+    }
+
+    fn pages_of(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
+        let first = (offset / self.page) as usize;
+        let last = (offset + len).div_ceil(self.page) as usize;
+        first..last.min(self.refs.len())
+    }
+
+    /// Runs `(offset, len)` of unmapped pages that a block at `offset..offset+len` needs.
+    pub(crate) fn unmapped_runs(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for p in self.pages_of(offset, len) {
+            if !self.mapped[p] {
+                let start = p as u64 * self.page;
+                match runs.last_mut() {
+                    Some((s, l)) if *s + *l == start => *l += self.page,
+                    _ => runs.push((start, self.page)),
+                }
+            }
+        }
+        runs
+    }
+
+    /// Bytes a block at `offset..offset+len` would newly map.
+    pub(crate) fn bytes_to_map(&self, offset: u64, len: u64) -> u64 {
+        self.pages_of(offset, len).filter(|&p| !self.mapped[p]).count() as u64 * self.page
+    }
+
+    /// Records pages `offset..offset+len` as mapped (all of them unused so far).
+    pub(crate) fn mark_mapped(&mut self, offset: u64, len: u64) {
+        for p in self.pages_of(offset, len) {
+            if !self.mapped[p] {
+                self.mapped[p] = true;
+                self.mapped_bytes += self.page;
+                if self.refs[p] == 0 {
+                    self.unused_mapped_bytes += self.page;
+                }
+            }
+        }
+    }
+
+    /// A live block now covers `offset..offset+len` (its pages are mapped).
+    pub(crate) fn acquire(&mut self, offset: u64, len: u64) {
+        for p in self.pages_of(offset, len) {
+            debug_assert!(self.mapped[p], "a live block on an unmapped page");
+            if self.refs[p] == 0 {
+                self.unused_mapped_bytes -= self.page;
+            }
+            self.refs[p] += 1;
+        }
+    }
+
+    /// The live block at `offset..offset+len` is gone.
+    pub(crate) fn release(&mut self, offset: u64, len: u64) {
+        for p in self.pages_of(offset, len) {
+            self.refs[p] -= 1;
+            if self.refs[p] == 0 && self.mapped[p] {
+                self.unused_mapped_bytes += self.page;
+            }
+        }
+    }
+
+    /// Runs of mapped pages no live block touches, to unmap; marks them unmapped. Stops once
+    /// `want` bytes are found.
+    pub(crate) fn take_unused_runs(&mut self, want: u64) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut found = 0;
+        for p in 0..self.refs.len() {
+            if found >= want {
+                break;
+            }
+            if self.mapped[p] && self.refs[p] == 0 {
+                self.mapped[p] = false;
+                self.mapped_bytes -= self.page;
+                self.unused_mapped_bytes -= self.page;
+                found += self.page;
+                let start = p as u64 * self.page;
+                match runs.last_mut() {
+                    Some((s, l)) if *s + *l == start => *l += self.page,
+                    _ => runs.push((start, self.page)),
+                }
+            }
+        }
+        runs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_follow_live_blocks() {
+        let mut m = PageMap::new(8 << 20, 2 << 20);
+        assert_eq!(m.unmapped_runs(1 << 20, 3 << 20), vec![(0, 4 << 20)]);
+        m.mark_mapped(0, 8 << 20);
+        assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (8 << 20, 8 << 20));
+        m.acquire(1 << 20, 3 << 20); // pages 0 and 1
+        m.acquire(3 << 20, 1 << 20); // page 1
+        assert_eq!(m.unused_mapped_bytes, 4 << 20);
+        m.release(1 << 20, 3 << 20);
+        assert_eq!(m.unused_mapped_bytes, 6 << 20, "page 0 free again, page 1 still used");
+        let runs = m.take_unused_runs(u64::MAX);
+        assert_eq!(runs, vec![(0, 2 << 20), (4 << 20, 4 << 20)]);
+        assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (2 << 20, 0));
+        assert_eq!(m.bytes_to_map(0, 6 << 20), 4 << 20);
+    }
+}
