@@ -184,7 +184,7 @@ impl State {
     #[cold]
     fn resample(&mut self, dev: &dyn Device) {
         if let Some(e) = self.engine.as_deref_mut() {
-            e.resample(&mut self.strategies, dev, self.op);
+            e.resample(&mut self.strategies, dev, &mut self.routes, self.op);
             self.pressure = e.in_pressure();
             self.below_headroom = e.below_headroom();
         }

@@ -28,7 +28,7 @@ fn is_training(t: &Trace) -> bool {
     t.name.contains("train") || t.name == "training"
 }
 
-/// Zero configuration never fails where passthrough completes. Measured floor today: from 1.3x
+/// Zero configuration never fails where passthrough completes. Measured floor today: from 1.1x
 /// passthrough's smallest capacity on every trace; below that, fragmentation inside slabs can
 /// fail a request that passthrough's exact driver allocations would fit (printed, not asserted).
 #[test]
@@ -51,7 +51,7 @@ fn default_never_fails_where_passthrough_completes() {
                     t.name, ours.failed_allocs
                 ));
             }
-            if factor >= 1.3 {
+            if factor >= 1.1 {
                 assert_eq!(
                     ours.failed_allocs, 0,
                     "{} at {factor}x passthrough's minimum ({cap} B)",

@@ -405,7 +405,10 @@ impl VirtualMemory for SimDevice {
         s.stats.driver_ns += self.cost.alloc_ns(bytes);
         if self.inject_fault(&mut s) {
             s.stats.failed_allocs += 1;
-            return Err(DeviceError::InjectedFault { requested: ByteSize(bytes), nth: s.attempts });
+            return Err(DeviceError::InjectedFault {
+                requested: ByteSize(bytes),
+                nth: s.attempts,
+            });
         }
         if bytes > self.capacity - s.used {
             s.stats.failed_allocs += 1;

@@ -27,6 +27,8 @@ pub fn bucket_range(b: usize) -> (u64, u64) {
 }
 
 const RING: usize = 128;
+/// Classes under 1 MiB (2^20): what the driver packs at 512 B instead of whole pages.
+const SMALL_BUCKETS: usize = 20;
 /// Distinct sizes tracked per window; more counts as "varied".
 const SIZES: usize = 4;
 
@@ -192,6 +194,8 @@ pub struct Engine {
     next_sample: u64,
     last_free: u64,
     in_pressure: bool,
+    /// Free memory was under `bounds.tight_below` at the last sample.
+    tight: bool,
     pub(crate) pressure_events: u64,
     pub(crate) released_by_bounds: u64,
     pub(crate) mem_info_samples: u64,
@@ -221,6 +225,7 @@ impl Engine {
             next_sample: 0,
             last_free: total,
             in_pressure: false,
+            tight: false,
             pressure_events: 0,
             released_by_bounds: 0,
             mem_info_samples: 0,
@@ -336,7 +341,7 @@ impl Engine {
             }
         }
         if op >= self.next_sample {
-            self.enforce_bounds(strategies, dev, op);
+            self.enforce_bounds(strategies, dev, routes, op);
         }
         if op >= self.timeline.last().map(|p| p.op + self.timeline_every).unwrap_or(0) {
             let reserved = strategies.iter().map(Strategy::reserved_bytes).sum();
@@ -365,14 +370,14 @@ impl Engine {
     /// Samples free memory now and enforces the bounds: after a driver allocation (free memory
     /// fell), or when idle memory appears while free memory is under the headroom.
     #[cold]
-    pub fn resample(&mut self, strategies: &mut [Strategy], dev: &dyn Device, op: u64) {
-        self.enforce_bounds(strategies, dev, op);
+    pub fn resample(&mut self, strategies: &mut [Strategy], dev: &dyn Device, routes: &mut [u8; BUCKETS], op: u64) {
+        self.enforce_bounds(strategies, dev, routes, op);
     }
 
     /// Samples free memory and releases idle memory above the bound it implies: never more idle
     /// than `max_idle`; never so much that free memory sits under the headroom; at most
     /// `pressure_max_idle` under the low watermark. Also caps the next slab by free - headroom.
-    fn enforce_bounds(&mut self, strategies: &mut [Strategy], dev: &dyn Device, op: u64) {
+    fn enforce_bounds(&mut self, strategies: &mut [Strategy], dev: &dyn Device, routes: &mut [u8; BUCKETS], op: u64) {
         self.next_sample = op + self.policy.bounds.mem_info_interval_ops;
         let Ok(info) = dev.mem_info() else { return };
         self.mem_info_samples += 1;
@@ -408,6 +413,10 @@ impl Engine {
         }
         let limit = info.free.saturating_sub(self.headroom);
         let tight = info.free < self.tight_below;
+        if tight != self.tight {
+            self.tight = tight;
+            self.route_small_for_tightness(routes, op, info.free);
+        }
         let segregate = match self.policy.suballoc.segregate {
             super::Segregate::Always => true,
             super::Segregate::Never => false,
@@ -450,11 +459,50 @@ impl Engine {
         }
     }
 
+    /// While the device is tight, requests under 1 MiB get exact-size cached blocks (a slab page
+    /// that holds one small live block pins a whole 2 MiB page; the driver packs small blocks at
+    /// 512 B); when it has room again, they go back to slabs.
+    fn route_small_for_tightness(&mut self, routes: &mut [u8; BUCKETS], op: u64, free: u64) {
+        if self.policy.routing.mode != RoutingMode::Adaptive || !self.policy.routing.small_exact_when_tight {
+            return;
+        }
+        let (from, to) = if self.tight {
+            (StrategyKind::Suballoc, StrategyKind::Caching)
+        } else {
+            (StrategyKind::Caching, StrategyKind::Suballoc)
+        };
+        let to_idx = self.index_of(to) as u8;
+        for r in routes.iter_mut().take(SMALL_BUCKETS) {
+            *r = to_idx;
+        }
+        let reason = if self.tight {
+            format!(
+                "device tight ({} free): small requests get exact-size blocks",
+                crate::size::ByteSize(free)
+            )
+        } else {
+            format!(
+                "device has room again ({} free): small requests back to slabs",
+                crate::size::ByteSize(free)
+            )
+        };
+        tracing::info!(op, %from, %to, reason = %reason, "route changed for all classes under 1MiB");
+        if self.route_changes.len() < MAX_LOG {
+            self.route_changes.push(RouteChange {
+                op,
+                class: "all under 1MiB".into(),
+                from,
+                to,
+                reason,
+            });
+        }
+    }
+
     fn reroute(&mut self, routes: &mut [u8; BUCKETS], op: u64) {
         let r = self.policy.routing.clone();
         for (b, route) in routes.iter_mut().enumerate() {
             let c = &mut self.classes[b];
-            if c.w_requests < r.min_samples {
+            if c.w_requests < r.min_samples || (self.tight && r.small_exact_when_tight && b < SMALL_BUCKETS) {
                 // Too few requests to judge; keep the window growing.
                 continue;
             }

@@ -120,6 +120,9 @@ pub struct RoutingPolicy {
     pub min_samples: u64,
     /// Consecutive windows that must agree before a route changes (no flapping).
     pub hysteresis: u32,
+    /// While the device is tight (`bounds.tight_below`), requests under 1 MiB get exact-size
+    /// cached blocks instead of slab space: a slab page holding one small live block pins 2 MiB.
+    pub small_exact_when_tight: bool,
 }
 
 /// `adaptive`, or one fixed strategy.
@@ -154,6 +157,7 @@ impl Default for RoutingPolicy {
             interval_ops: 1024,
             min_samples: 32,
             hysteresis: 2,
+            small_exact_when_tight: true,
         }
     }
 }

@@ -20,7 +20,13 @@ impl PageMap {
     /// A slab of `size` bytes (a multiple of `page`), nothing mapped yet.
     pub(crate) fn new(size: u64, page: u64) -> Self {
         let n = size.div_ceil(page) as usize;
-        PageMap { page, refs: vec![0; n], mapped: vec![false; n], mapped_bytes: 0, unused_mapped_bytes: 0 }
+        PageMap {
+            page,
+            refs: vec![0; n],
+            mapped: vec![false; n],
+            mapped_bytes: 0,
+            unused_mapped_bytes: 0,
+        }
     }
 
     fn pages_of(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
@@ -42,11 +48,6 @@ impl PageMap {
             }
         }
         runs
-    }
-
-    /// Bytes a block at `offset..offset+len` would newly map.
-    pub(crate) fn bytes_to_map(&self, offset: u64, len: u64) -> u64 {
-        self.pages_of(offset, len).filter(|&p| !self.mapped[p]).count() as u64 * self.page
     }
 
     /// Records pages `offset..offset+len` as mapped (all of them unused so far).
@@ -126,6 +127,6 @@ mod tests {
         let runs = m.take_unused_runs(u64::MAX);
         assert_eq!(runs, vec![(0, 2 << 20), (4 << 20, 4 << 20)]);
         assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (2 << 20, 0));
-        assert_eq!(m.bytes_to_map(0, 6 << 20), 4 << 20);
+        assert_eq!(m.unmapped_runs(0, 6 << 20), vec![(0, 2 << 20), (4 << 20, 2 << 20)]);
     }
 }

@@ -620,7 +620,9 @@ impl Suballoc {
     fn map_for(&mut self, dev: &dyn Device, idx: u32, bytes: u64) -> Result<bool, DeviceError> {
         let n = self.nodes[idx];
         let slab = self.slabs[n.slab];
-        let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else { return Ok(false) };
+        let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else {
+            return Ok(false);
+        };
         let runs = pm.unmapped_runs(n.addr - slab.base, bytes);
         if runs.is_empty() {
             return Ok(false);
@@ -687,7 +689,12 @@ impl Suballoc {
     /// page no live block touches.
     pub fn releasable_bytes(&self) -> u64 {
         let paged: u64 = self.pages.iter().flatten().map(|pm| pm.unused_mapped_bytes).sum();
-        let whole: u64 = self.empty.iter().filter(|&&id| self.pages[id as usize].is_none()).map(|&id| self.slabs[id].size).sum();
+        let whole: u64 = self
+            .empty
+            .iter()
+            .filter(|&&id| self.pages[id as usize].is_none())
+            .map(|&id| self.slabs[id].size)
+            .sum();
         paged + whole
     }
 
