@@ -412,7 +412,12 @@ impl Engine {
             unmap_pages = true;
         }
         let limit = info.free.saturating_sub(self.headroom);
-        let tight = info.free < self.tight_below;
+        // Hysteresis: tight under tight_below, roomy again only above 1.5x of it.
+        let tight = if self.tight {
+            (info.free as f64) < self.tight_below as f64 * 1.5
+        } else {
+            info.free < self.tight_below
+        };
         if tight != self.tight {
             self.tight = tight;
             self.route_small_for_tightness(routes, op, info.free);
