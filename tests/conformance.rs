@@ -7,7 +7,7 @@ use std::sync::Arc;
 use adaptalloc::device::{CostModel, Device, FaultPlan};
 use adaptalloc::size::{GIB, KIB, MIB};
 use adaptalloc::{AllocError, Allocator, AllocatorConfig, SimDevice};
-use common::{Rng, all_configs, allocator, check_invariants, sim};
+use common::{Rng, Setup, all_configs, allocator, check_invariants, sim};
 
 #[test]
 fn random_operations_keep_invariants() {
@@ -134,13 +134,19 @@ fn injected_driver_failure_is_a_clear_oom_and_the_allocator_stays_usable() {
                 .build(),
         );
         // No release on OOM: the injected failure must reach the caller.
-        let alloc = Allocator::new(
-            dev.clone() as Arc<dyn Device>,
-            AllocatorConfig {
-                strategy: config,
-                release_on_oom: false,
-            },
-        );
+        let alloc = match config {
+            Setup::Strategy(strategy) => Allocator::new(
+                dev.clone() as Arc<dyn Device>,
+                AllocatorConfig {
+                    strategy,
+                    release_on_oom: false,
+                },
+            ),
+            Setup::Policy(mut policy) => {
+                policy.oom.release_and_retry = false;
+                Allocator::with_policy(dev.clone() as Arc<dyn Device>, *policy)
+            }
+        };
         let first = alloc.allocate_raw(3 * GIB, 0).unwrap();
         let err = alloc.allocate_raw(5 * GIB / 2, 0).unwrap_err();
         assert!(err.is_transient(), "{name}: {err:?}");

@@ -5,7 +5,7 @@ mod common;
 use adaptalloc::size::TIB;
 use adaptalloc::trace::{read_csv, replay};
 use adaptalloc::{StrategyConfig, StrategyKind};
-use common::{allocator, sim, trace_files};
+use common::{Setup, allocator, sim, trace_files};
 
 #[test]
 fn every_trace_replays_with_zero_failures_on_an_unbounded_device() {
@@ -17,9 +17,13 @@ fn every_trace_replays_with_zero_failures_on_an_unbounded_device() {
     for path in files {
         let trace = read_csv(&path, false).unwrap_or_else(|e| panic!("{e}"));
         assert!(trace.allocs() > 0, "{}", path.display());
-        for kind in StrategyKind::ALL {
+        let setups = StrategyKind::ALL
+            .iter()
+            .map(|&k| (k.name(), Setup::Strategy(StrategyConfig::default_for(k))))
+            .chain([("adaptive", Setup::Policy(Box::default()))]);
+        for (kind, setup) in setups {
             let dev = sim(4 * TIB);
-            let alloc = allocator(&dev, StrategyConfig::default_for(kind));
+            let alloc = allocator(&dev, setup);
             let m = replay(&trace, &alloc);
             assert_eq!(m.failed_allocs, 0, "{} with {kind}", trace.name);
             assert_eq!(m.peak_live_bytes, trace.peak_live_bytes(), "{} with {kind}", trace.name);
@@ -27,7 +31,7 @@ fn every_trace_replays_with_zero_failures_on_an_unbounded_device() {
             eprintln!(
                 "{:32} {:12} driver allocs {:6} frees {:6} reserved/live {:.3}",
                 trace.name,
-                kind.name(),
+                kind,
                 m.driver_allocs,
                 m.driver_frees,
                 m.peak_reserved_bytes as f64 / m.peak_live_bytes as f64

@@ -205,8 +205,8 @@ impl SimDevice {
     pub fn leak_report(&self) -> LeakReport {
         let s = self.state.lock();
         LeakReport {
-            blocks: s.live.len() as u64,
-            bytes: s.live.values().map(|v| v.0).sum(),
+            blocks: (s.live.len() + s.reservations.len()) as u64,
+            bytes: s.live.values().map(|v| v.0).sum::<u64>() + s.reservations.values().map(|r| r.1).sum::<u64>(),
         }
     }
 
