@@ -291,7 +291,7 @@ impl fmt::Display for TuningReport {
             "| idle memory released by bounds | {} |",
             ByteSize(self.bytes_released_by_bounds)
         )?;
-        for h in &self.hit_rates {
+        for h in self.hit_rates.iter().filter(|h| h.hits + h.misses > 0) {
             writeln!(
                 f,
                 "| {} hit rate | {:.1}% ({} hits, {} misses) |",
