@@ -5,9 +5,40 @@
 //! after), the requested bytes (a free repeats its alloc's size), an integer stream id.
 
 mod csv;
+mod pytorch;
 mod replay;
+mod rmm;
 
 pub use csv::{parse_csv, read_csv, write_csv};
+pub use pytorch::parse_snapshot;
+pub use rmm::parse_rmm;
+
+/// Reads a trace in any supported format, told apart by content: the CSV trace format
+/// (`op,timestamp_ns,...`), an RMM log (`Thread,Time,Action,...`) or a PyTorch snapshot pickle.
+/// `lenient` skips frees of ids that are not live (CSV and RMM).
+pub fn load(path: &std::path::Path, lenient: bool) -> Result<Trace, crate::TraceError> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| crate::TraceError::Read {
+        file: file.clone(),
+        reason: e.to_string(),
+    })?;
+    if bytes.first() == Some(&0x80) {
+        return parse_snapshot(&bytes, &file);
+    }
+    let head = &bytes[..bytes.len().min(64)];
+    if head.starts_with(rmm::HEADER.as_bytes()) {
+        return parse_rmm(&bytes, &file, lenient);
+    }
+    if bytes.is_empty() || head.starts_with(b"op,") || head.starts_with("\u{feff}op,".as_bytes()) {
+        return parse_csv(&bytes, &file, lenient);
+    }
+    Err(crate::TraceError::Format {
+        file,
+        message: "unrecognised trace format: expected the CSV header `op,timestamp_ns,ptr,size,stream`, an RMM log \
+                  (`Thread,Time,Action,Pointer,Size,Stream`) or a PyTorch memory snapshot pickle"
+            .into(),
+    })
+}
 pub use replay::{ReplayMetrics, ReplayOptions, replay, replay_with};
 
 use serde::Serialize;
