@@ -10,7 +10,7 @@ pub(crate) const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 
 fn parse_time_ns(s: &str) -> Option<u64> {
     if let Ok(secs) = s.parse::<f64>() {
-        return (secs >= 0.0).then(|| (secs * 1e9) as u64);
+        return (secs >= 0.0).then_some((secs * 1e9) as u64);
     }
     let mut parts = s.split(':');
     let (h, m, sec) = (parts.next()?, parts.next()?, parts.next()?);
