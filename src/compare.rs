@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::allocator::{Allocator, AllocatorConfig, StrategyConfig};
-use crate::device::{CostModel, Device, Granularity, SimDevice};
+use crate::device::{CostModel, Device, Granularity, SimDevice, TenantAction};
 use crate::policy::Policy;
 use crate::size::{ByteSize, GIB, round_up};
 use crate::strategy::{CachingConfig, StrategyKind};
@@ -131,6 +131,50 @@ pub struct Comparison {
     pub traces: Vec<TraceResult>,
 }
 
+/// A co-tenant: takes `bytes` when `start` of the events have been replayed and frees them at
+/// `end` (fractions of all events, repeats included). Written `2GiB@0.3..0.6`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TenantSpec {
+    pub bytes: u64,
+    pub start: f64,
+    pub end: f64,
+}
+
+impl std::str::FromStr for TenantSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("tenant {s:?}: {why}; write SIZE@START..END, e.g. 2GiB@0.3..0.6");
+        let (size, range) = s.split_once('@').ok_or_else(|| bad("no '@'"))?;
+        let bytes = size.parse::<ByteSize>().map_err(|e| bad(&e.to_string()))?.0;
+        let (a, b) = range.split_once("..").ok_or_else(|| bad("no '..' in the range"))?;
+        let start: f64 = a.trim().parse().map_err(|_| bad("the start is not a number"))?;
+        let end: f64 = b.trim().parse().map_err(|_| bad("the end is not a number"))?;
+        if !(0.0..=1.0).contains(&start) || !(0.0..=1.0).contains(&end) || start > end {
+            return Err(bad("need 0 <= START <= END <= 1"));
+        }
+        Ok(TenantSpec { bytes, start, end })
+    }
+}
+
+impl TenantSpec {
+    /// The SimDevice script for a replay of `events` events in all.
+    pub fn script(&self, events: u64) -> Vec<TenantAction> {
+        let at = |f: f64| (events as f64 * f) as u64;
+        vec![
+            TenantAction::Take {
+                at: at(self.start),
+                tag: 1,
+                bytes: self.bytes,
+            },
+            TenantAction::Release {
+                at: at(self.end),
+                tag: 1,
+            },
+        ]
+    }
+}
+
 /// How to compare.
 #[derive(Clone, Debug)]
 pub struct CompareOptions {
@@ -138,6 +182,8 @@ pub struct CompareOptions {
     pub capacity: Capacity,
     pub repeat: u32,
     pub cost_model: CostModel,
+    /// A co-tenant taking memory mid-run.
+    pub tenant: Option<TenantSpec>,
 }
 
 impl Default for CompareOptions {
@@ -147,20 +193,26 @@ impl Default for CompareOptions {
             capacity: Capacity::default(),
             repeat: 1,
             cost_model: CostModel::default(),
+            tenant: None,
         }
     }
 }
 
 /// Runs one contender over one trace on a fresh SimDevice of `capacity` bytes.
 pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions) -> StrategyResult {
+    let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
+    let script = opts.tenant.map(|t| t.script(events)).unwrap_or_default();
     let dev = Arc::new(
         SimDevice::builder()
             .capacity(capacity)
             .cost_model(opts.cost_model.clone())
+            .tenants(script)
             .build(),
     );
     let alloc = contender.build(dev.clone() as Arc<dyn Device>);
-    let m = replay_with(trace, &alloc, ReplayOptions { repeat: opts.repeat }, |_| {});
+    let m = replay_with(trace, &alloc, ReplayOptions { repeat: opts.repeat }, |i| {
+        dev.advance_clock(i)
+    });
     StrategyResult {
         strategy: contender.name().into(),
         completed: m.completed(),
@@ -197,6 +249,44 @@ pub fn compare(traces: &[Trace], opts: &CompareOptions) -> Comparison {
         Capacity::Factor(_) => None,
     };
     Comparison { capacity_bytes, traces }
+}
+
+impl Comparison {
+    /// A Markdown table per trace.
+    pub fn to_markdown(&self) -> String {
+        let mut out = String::new();
+        for t in &self.traces {
+            let cap = t
+                .capacity_bytes
+                .or(self.capacity_bytes)
+                .map(|c| ByteSize(c).to_string())
+                .unwrap_or_default();
+            out += &format!(
+                "### {}\n\n{} events, peak live {}, device {}\n\n",
+                t.trace,
+                t.events,
+                ByteSize(t.peak_live_bytes),
+                cap
+            );
+            out += "| strategy | completed | failed | driver calls | driver time (ms) | peak reserved | reserved / live | tenant failures |\n";
+            out += "|---|---|---|---|---|---|---|---|\n";
+            for r in &t.results {
+                out += &format!(
+                    "| {} | {} | {} | {} | {:.1} | {} | {:.3} | {} |\n",
+                    r.strategy,
+                    if r.completed { "yes" } else { "no" },
+                    r.failed_allocs,
+                    r.driver_allocs + r.driver_frees,
+                    r.modeled_driver_ns as f64 / 1e6,
+                    ByteSize(r.peak_reserved_bytes),
+                    r.peak_reserved_bytes as f64 / t.peak_live_bytes.max(1) as f64,
+                    r.tenant_failures
+                );
+            }
+            out += "\n";
+        }
+        out
+    }
 }
 
 impl std::fmt::Display for Comparison {

@@ -1,0 +1,73 @@
+//! Arguments and helpers shared by the subcommands.
+
+use std::path::PathBuf;
+
+use adaptalloc::compare::{Capacity, Contender};
+use adaptalloc::size::ByteSize;
+use adaptalloc::synth::{BUNDLED, WorkloadSpec};
+use adaptalloc::trace::{Trace, load};
+use anyhow::{Context, bail};
+
+/// The simulated device's capacity.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CapacityArgs {
+    /// Device capacity, e.g. 24GiB (default 80GiB).
+    #[arg(long, conflicts_with = "capacity_factor")]
+    pub capacity: Option<ByteSize>,
+    /// Device capacity as a multiple of each trace's peak live bytes (rounded up to 2 MiB).
+    #[arg(long)]
+    pub capacity_factor: Option<f64>,
+}
+
+impl CapacityArgs {
+    pub fn capacity(&self) -> anyhow::Result<Capacity> {
+        Ok(match (self.capacity, self.capacity_factor) {
+            (Some(b), _) if b.0 == 0 => bail!("--capacity 0: give a positive size"),
+            (Some(b), _) => Capacity::Bytes(b.0),
+            (None, Some(f)) if f.is_finite() && f > 0.0 => Capacity::Factor(f),
+            (None, Some(f)) => bail!("--capacity-factor {f}: give a positive number"),
+            (None, None) => Capacity::default(),
+        })
+    }
+}
+
+/// Traces from files (CSV, RMM log or PyTorch snapshot, told apart by content), or the bundled
+/// synthetic workloads when no file is given.
+pub fn load_traces(paths: &[PathBuf], lenient: bool) -> anyhow::Result<Vec<Trace>> {
+    if paths.is_empty() {
+        return Ok(BUNDLED
+            .iter()
+            .map(|(name, _)| {
+                let spec = WorkloadSpec::bundled(name).expect("bundled workload exists");
+                spec.generate(spec.seed)
+            })
+            .collect());
+    }
+    paths
+        .iter()
+        .map(|p| load(p, lenient).map_err(anyhow::Error::from))
+        .collect()
+}
+
+/// Strategy names from a comma-separated list (all of them when empty).
+pub fn contenders(names: &[String]) -> anyhow::Result<Vec<Contender>> {
+    if names.is_empty() {
+        return Ok(Contender::ALL.to_vec());
+    }
+    names
+        .iter()
+        .map(|s| {
+            Contender::parse(s.trim())
+                .with_context(|| format!("unknown strategy {s:?}; known: passthrough, caching, suballoc, adaptive"))
+        })
+        .collect()
+}
+
+/// Writes `text` to standard output. A closed pipe (`adaptalloc ... | head`) is an io error the
+/// caller passes up; `main` treats it as a normal end, not a failure.
+pub fn emit(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}

@@ -1,0 +1,108 @@
+//! `adaptalloc replay`: one allocator over one trace on SimDevice, with its tuning report.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use adaptalloc::compare::{Capacity, Contender, TenantSpec};
+use adaptalloc::device::{Device, Granularity, SimDevice};
+use adaptalloc::policy::Policy;
+use adaptalloc::size::round_up;
+use adaptalloc::trace::{ReplayOptions, load, replay_with};
+use adaptalloc::{Allocator, size::ByteSize};
+use anyhow::Context;
+
+use crate::common::CapacityArgs;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The trace (CSV, RMM log or PyTorch snapshot).
+    trace: PathBuf,
+    /// A policy file, or a preset name (default, training, inference-edge, multi-tenant, ...).
+    #[arg(long, conflicts_with = "strategy")]
+    policy: Option<String>,
+    /// A fixed strategy instead: passthrough, caching, suballoc or adaptive.
+    #[arg(long)]
+    strategy: Option<String>,
+    #[command(flatten)]
+    capacity: CapacityArgs,
+    /// Replay the trace N times back to back.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// A co-tenant, e.g. 2GiB@0.3..0.6.
+    #[arg(long)]
+    tenant: Option<TenantSpec>,
+    /// Write the tuning report here (.toml, .json or .md by extension).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Skip frees of ids that are not live instead of failing (they are counted).
+    #[arg(long)]
+    lenient: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let trace = load(&args.trace, args.lenient)?;
+    let capacity = match args.capacity.capacity()? {
+        Capacity::Bytes(b) => b,
+        Capacity::Factor(f) => {
+            let granule = Granularity::default().large_granule;
+            round_up((trace.peak_live_bytes() as f64 * f).ceil() as u64, granule).max(granule)
+        }
+    };
+    let repeat = args.repeat.max(1);
+    let events = trace.events.len() as u64 * repeat as u64;
+    let script = args.tenant.map(|t| t.script(events)).unwrap_or_default();
+    let dev = Arc::new(SimDevice::builder().capacity(capacity).tenants(script).build());
+    let device: Arc<dyn Device> = dev.clone();
+    let alloc = match (&args.policy, &args.strategy) {
+        (_, Some(name)) => Contender::parse(name)
+            .with_context(|| format!("unknown strategy {name:?}; known: passthrough, caching, suballoc, adaptive"))?
+            .build(device),
+        (Some(p), None) => {
+            let policy = match Policy::preset(p) {
+                Some(preset) if !std::path::Path::new(p).exists() => preset,
+                _ => Policy::from_file(std::path::Path::new(p))?,
+            };
+            Allocator::with_policy(device, policy)
+        }
+        (None, None) => Allocator::adaptive(device),
+    };
+    let m = crate::progress::with_spinner("replaying", || {
+        replay_with(&trace, &alloc, ReplayOptions { repeat }, |i| dev.advance_clock(i))
+    });
+    let mut text = format!(
+        "{}: {} events on {}: {} failed allocations, {} driver allocations + {} frees, modelled driver time {:.1} ms, \
+         peak live {}, peak reserved {}, {} tenant failures{}\n",
+        trace.name,
+        m.events,
+        dev.name(),
+        m.failed_allocs,
+        m.driver_allocs,
+        m.driver_frees,
+        m.modeled_driver_ns as f64 / 1e6,
+        ByteSize(m.peak_live_bytes),
+        ByteSize(m.peak_reserved_bytes),
+        dev.tenant_failures(),
+        if args.lenient {
+            format!(", {} unknown frees skipped", trace.skipped_frees)
+        } else {
+            String::new()
+        }
+    );
+    match alloc.report() {
+        Some(report) => {
+            text += &format!("\n{report}");
+            if let Some(path) = &args.report {
+                report
+                    .write_to(path)
+                    .with_context(|| format!("{}: cannot write the report", path.display()))?;
+            }
+        }
+        None => {
+            if args.report.is_some() {
+                eprintln!("note: fixed strategies have no policy engine, so no tuning report; use --policy");
+            }
+        }
+    }
+    crate::common::emit(&text)?;
+    Ok(())
+}
