@@ -340,6 +340,50 @@ impl std::fmt::Display for Comparison {
     }
 }
 
+/// Live, reserved and idle bytes at one point of a replay.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct MemoryPoint {
+    pub event: u64,
+    pub live_bytes: u64,
+    pub reserved_bytes: u64,
+    pub idle_bytes: u64,
+}
+
+/// Replays `trace` through `contender` like [`run_one`], sampling memory about `points` times.
+pub fn timeline(
+    trace: &Trace,
+    contender: Contender,
+    capacity: u64,
+    opts: &CompareOptions,
+    points: u64,
+) -> Vec<MemoryPoint> {
+    let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
+    let every = (events / points.max(1)).max(1);
+    let script = opts.tenant.map(|t| t.script(events)).unwrap_or_default();
+    let dev = Arc::new(
+        SimDevice::builder()
+            .capacity(capacity)
+            .cost_model(opts.cost_model.clone())
+            .tenants(script)
+            .build(),
+    );
+    let alloc = contender.build(dev.clone() as Arc<dyn Device>);
+    let mut out = Vec::with_capacity(points as usize + 1);
+    replay_with(trace, &alloc, ReplayOptions { repeat: opts.repeat }, |i| {
+        dev.advance_clock(i);
+        if i % every == 0 {
+            let s = alloc.stats();
+            out.push(MemoryPoint {
+                event: i,
+                live_bytes: s.live_bytes.current,
+                reserved_bytes: s.reserved_bytes.current,
+                idle_bytes: s.idle_bytes.current,
+            });
+        }
+    });
+    out
+}
+
 /// The smallest capacity on which passthrough completes `trace` on a SimDevice of granularity
 /// `g`: the most device memory its live blocks ever consume at once. Exact, no search.
 pub fn passthrough_min_capacity(trace: &Trace, g: Granularity) -> u64 {

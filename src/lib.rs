@@ -39,6 +39,7 @@ pub mod stats;
 pub mod strategy;
 pub mod synth;
 pub mod trace;
+pub mod tune;
 
 pub use allocator::{Allocation, Allocator, AllocatorConfig, StrategyConfig};
 pub use device::{CudaDevice, Device, DevicePtr, SimDevice};

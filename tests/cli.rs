@@ -293,3 +293,36 @@ fn bad_input_is_a_one_line_error_with_exit_code_2() {
     assert!(fails(&["compare", "--capacity-factor=-1"]).contains("capacity-factor"));
     assert!(fails(&["compare", "--capacity=0"]).contains("capacity"));
 }
+
+#[test]
+fn tune_writes_a_loadable_policy_and_compare_writes_report_and_plot() {
+    let a = tmp("t.csv");
+    ok(&["synth", "serving", "--out", a.to_str().unwrap()]);
+    let out = tmp("tuned.toml");
+    let text = ok(&[
+        "tune",
+        a.to_str().unwrap(),
+        "--capacity-factor",
+        "1.2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(text.contains("Winner:") && text.contains("**(winner)**"), "{text}");
+    assert!(ok(&["policy", "check", out.to_str().unwrap()]).contains("tuned by adaptalloc tune"));
+    let (md, svg) = (tmp("cmp/compare.md"), tmp("cmp/compare.svg"));
+    ok(&[
+        "compare",
+        a.to_str().unwrap(),
+        "--report",
+        md.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(std::fs::read_to_string(&md).unwrap().contains("| adaptive |"));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("adaptive") && svg.contains("reserved"),
+        "{}",
+        &svg[..200]
+    );
+}

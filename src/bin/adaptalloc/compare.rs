@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use adaptalloc::compare::{CompareOptions, TenantSpec, compare};
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 use crate::common::{CapacityArgs, contenders, emit, load_traces};
 
@@ -28,6 +28,12 @@ pub struct Args {
     /// Skip frees of ids that are not live instead of failing.
     #[arg(long)]
     lenient: bool,
+    /// Also write the comparison as Markdown to this file.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Plot live, reserved and idle bytes over the first trace, one panel per strategy (SVG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -49,5 +55,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => result.to_string(),
     };
     emit(&text)?;
+    for path in [&args.report, &args.plot].into_iter().flatten() {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+        }
+    }
+    if let Some(path) = &args.report {
+        std::fs::write(path, result.to_markdown()).with_context(|| format!("{}: cannot write", path.display()))?;
+    }
+    if let (Some(path), Some(first)) = (&args.plot, traces.first()) {
+        let granule = adaptalloc::device::Granularity::default().large_granule;
+        let capacity = opts.capacity.bytes_for(first.peak_live_bytes(), granule);
+        crate::progress::with_spinner("plotting", || crate::plot::plot(path, first, capacity, &opts))?;
+    }
     Ok(())
 }

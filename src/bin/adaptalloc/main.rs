@@ -4,11 +4,13 @@
 mod common;
 mod compare;
 mod import;
+mod plot;
 mod policy;
 mod progress;
 mod replay;
 mod sweep;
 mod synth;
+mod tune;
 
 use std::process::ExitCode;
 
@@ -37,6 +39,8 @@ enum Command {
     Import(import::Args),
     /// A deterministic synthetic workload as a CSV trace.
     Synth(synth::Args),
+    /// Searches policy parameters by replay and writes the best policy.
+    Tune(tune::Args),
     /// Check or show policy files.
     #[command(subcommand)]
     Policy(policy::Command),
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Command::Sweep(args) => sweep::run(args),
         Command::Import(args) => import::run(args),
         Command::Synth(args) => synth::run(args),
+        Command::Tune(args) => tune::run(args),
         Command::Policy(cmd) => policy::run(cmd),
     };
     match result {
