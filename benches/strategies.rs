@@ -55,7 +55,11 @@ fn replay_workload(c: &mut Criterion) {
         });
     }
     group.bench_function("adaptive", |b| {
-        b.iter_batched(|| Allocator::adaptive(device()), |alloc| replay(&trace, &alloc), BatchSize::LargeInput)
+        b.iter_batched(
+            || Allocator::adaptive(device()),
+            |alloc| replay(&trace, &alloc),
+            BatchSize::LargeInput,
+        )
     });
     group.finish();
 }
