@@ -26,8 +26,15 @@
 #![deny(unsafe_code)]
 
 pub mod allocator;
+// The C ABI for PyTorch and C/C++ callers (FFI needs unsafe).
+#[cfg(feature = "capi")]
+#[allow(unsafe_code)]
+pub mod capi;
 pub mod compare;
+// cudarc's CudaSlice over adaptalloc memory: upgrade_device_ptr is an unsafe FFI-level call.
 pub(crate) mod config;
+#[allow(unsafe_code)]
+pub mod cudarc_ext;
 pub mod device;
 pub mod error;
 pub(crate) mod hash;

@@ -1,0 +1,59 @@
+/* adaptalloc: a GPU memory allocator with a policy engine. C ABI.
+ *
+ * Build the library with:  cargo build --release --features capi
+ * (target/release/libadaptalloc.so). The signatures of adaptalloc_malloc and adaptalloc_free
+ * are those of PyTorch's torch.cuda.memory.CUDAPluggableAllocator.
+ *
+ * Environment: ADAPTALLOC_POLICY (policy file or preset name; the default policy when unset),
+ * ADAPTALLOC_REPORT (tuning report written at exit: .md, .toml or .json),
+ * ADAPTALLOC_DEVICE (`cuda`, the default, or `sim:SIZE` for a simulated device).
+ */
+#ifndef ADAPTALLOC_H
+#define ADAPTALLOC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A cudaStream_t, without requiring the CUDA headers. */
+typedef void *adaptalloc_stream_t;
+
+/* Statistics of one device's allocator. */
+typedef struct AdaptallocStats {
+    uint64_t live_bytes;
+    uint64_t peak_live_bytes;
+    uint64_t reserved_bytes;
+    uint64_t peak_reserved_bytes;
+    uint64_t idle_bytes;
+    uint64_t live_blocks;
+    uint64_t driver_allocs;
+    uint64_t driver_frees;
+    uint64_t failed_allocs;
+    uint64_t oom_recoveries;
+} AdaptallocStats;
+
+/* Allocates size bytes on device for stream; 256-byte aligned. NULL on failure: read the
+ * reason with adaptalloc_last_error(). */
+void *adaptalloc_malloc(size_t size, int device, adaptalloc_stream_t stream);
+
+/* Frees a pointer from adaptalloc_malloc, on the device and stream it was allocated on. */
+void adaptalloc_free(void *ptr, size_t size, int device, adaptalloc_stream_t stream);
+
+/* Gives idle memory of every device back to the driver; returns the bytes released. */
+uint64_t adaptalloc_empty_cache(void);
+
+/* Fills *out with device's statistics; 0 on success, -1 if out is NULL or nothing was
+ * allocated on that device yet. */
+int adaptalloc_stats(int device, AdaptallocStats *out);
+
+/* The last error on this thread ("" when none); valid until the next adaptalloc call. */
+const char *adaptalloc_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ADAPTALLOC_H */

@@ -1,0 +1,112 @@
+"""Loads libadaptalloc with ctypes, on a machine with no GPU and no torch.
+
+Run from the repository root after `cargo build --release --features capi`:
+    python3 python/test_ctypes.py
+Checks: without a GPU, adaptalloc_malloc returns NULL with a readable reason, not a crash; on a
+simulated device (ADAPTALLOC_DEVICE=sim:...) malloc, free, stats, empty_cache and the tuning
+report at exit work; include/adaptalloc.h declares exactly the symbols the library exports.
+"""
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIB = os.path.join(ROOT, "target", "release", "libadaptalloc.so")
+HEADER = os.path.join(ROOT, "include", "adaptalloc.h")
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "live_bytes", "peak_live_bytes", "reserved_bytes", "peak_reserved_bytes", "idle_bytes",
+        "live_blocks", "driver_allocs", "driver_frees", "failed_allocs", "oom_recoveries")]
+
+
+def load():
+    lib = ctypes.CDLL(LIB)
+    lib.adaptalloc_malloc.restype = ctypes.c_void_p
+    lib.adaptalloc_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.adaptalloc_free.restype = None
+    lib.adaptalloc_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.adaptalloc_empty_cache.restype = ctypes.c_uint64
+    lib.adaptalloc_stats.restype = ctypes.c_int
+    lib.adaptalloc_stats.argtypes = [ctypes.c_int, ctypes.POINTER(Stats)]
+    lib.adaptalloc_last_error.restype = ctypes.c_char_p
+    return lib
+
+
+def child(mode):
+    """Runs in a fresh process, so each case gets its own environment and allocators."""
+    lib = load()
+    if mode == "no-gpu":
+        ptr = lib.adaptalloc_malloc(1 << 20, 0, None)
+        assert ptr is None, "expected NULL without a GPU"
+        reason = lib.adaptalloc_last_error().decode()
+        assert "no CUDA driver found" in reason, reason
+        assert lib.adaptalloc_stats(0, ctypes.byref(Stats())) == -1
+        print("no-gpu ok:", reason)
+    elif mode == "sim":
+        ptrs = [lib.adaptalloc_malloc(size, 0, None) for size in (1000, 1 << 20, 3 << 20, 1000)]
+        assert all(p and p % 256 == 0 for p in ptrs), ptrs
+        s = Stats()
+        assert lib.adaptalloc_stats(0, ctypes.byref(s)) == 0
+        assert s.live_blocks == 4 and s.live_bytes == 2000 + (4 << 20), (s.live_blocks, s.live_bytes)
+        for p, size in zip(ptrs, (1000, 1 << 20, 3 << 20, 1000)):
+            lib.adaptalloc_free(p, size, 0, None)
+        lib.adaptalloc_free(ctypes.c_void_p(0xdead00), 8, 0, None)  # unknown: an error, not a crash
+        assert "not a live allocation" in lib.adaptalloc_last_error().decode()
+        assert lib.adaptalloc_malloc(1 << 50, 0, None) is None  # larger than the device
+        assert "can never fit" in lib.adaptalloc_last_error().decode()
+        lib.adaptalloc_stats(0, ctypes.byref(s))
+        assert s.live_blocks == 0
+        lib.adaptalloc_empty_cache()
+        lib.adaptalloc_stats(0, ctypes.byref(s))
+        assert s.reserved_bytes == s.live_bytes + s.idle_bytes, (s.reserved_bytes, s.idle_bytes)
+        print("sim ok: driver allocs", s.driver_allocs)
+
+
+def run_child(mode, env):
+    full = dict(os.environ)
+    full.pop("ADAPTALLOC_DEVICE", None)
+    full.update(env)
+    out = subprocess.run([sys.executable, __file__, "--child", mode], env=full, capture_output=True, text=True)
+    if out.returncode != 0:
+        print(out.stdout, out.stderr, file=sys.stderr)
+        raise SystemExit(f"{mode}: exit {out.returncode}")
+    print(out.stdout.strip())
+
+
+def header_matches_exports():
+    declared = set(re.findall(r"\b(adaptalloc_\w+)\s*\(", open(HEADER).read()))
+    nm = subprocess.run(["nm", "-D", "--defined-only", LIB], capture_output=True, text=True, check=True).stdout
+    exported = set(re.findall(r"\bT (adaptalloc_\w+)$", nm, re.M))
+    assert declared == exported, f"header {sorted(declared)} != exports {sorted(exported)}"
+    print("header ok:", ", ".join(sorted(declared)))
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        child(sys.argv[2])
+        return
+    if not os.path.exists(LIB):
+        raise SystemExit(f"{LIB} is missing: run `cargo build --release --features capi` first")
+    header_matches_exports()
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        print("SKIPPED no-gpu case: a CUDA driver is present")
+    except OSError:
+        run_child("no-gpu", {})
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "report.json")
+        run_child("sim", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_POLICY": "training", "ADAPTALLOC_REPORT": report})
+        data = json.load(open(report))
+        assert data["requests"] == 4 and "large-batch training" in data["policy"], data["requests"]
+        print("report at exit ok:", report)
+    print("3 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    main()
