@@ -488,8 +488,10 @@ impl Shared {
         }
         let mut last = err;
         if self.release_on_oom {
+            // Retry even when nothing was idle: the refusal may have been transient (another
+            // tenant freed memory meanwhile, or an injected fault). One failed call at most.
             let released = st.release_idle(&self.device);
-            if released > 0 {
+            {
                 match st.strategies[si].allocate(&self.device, aligned, stream) {
                     Ok(g) => {
                         st.stats.oom_recoveries += 1;

@@ -19,6 +19,8 @@ pub struct CudaDevice {
     context: sys::CUcontext,
     name: String,
     stats: Mutex<DeviceStats>,
+    /// Sizes of live driver allocations, so frees keep `allocated_bytes` exact.
+    sizes: Mutex<std::collections::HashMap<DevicePtr, u64>>,
 }
 
 // SAFETY: a CUcontext handle may be used from any thread once made current there; every call
@@ -92,6 +94,7 @@ impl CudaDevice {
             context,
             name,
             stats: Mutex::new(DeviceStats::default()),
+            sizes: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -131,6 +134,7 @@ impl Device for CudaDevice {
         }
         stats.driver_allocs += 1;
         stats.allocated_bytes += bytes;
+        self.sizes.lock().insert(ptr, bytes);
         Ok(ptr)
     }
 
@@ -143,6 +147,7 @@ impl Device for CudaDevice {
         stats.driver_ns += start.elapsed().as_nanos() as u64;
         check("cuMemFree_v2", result)?;
         stats.driver_frees += 1;
+        stats.allocated_bytes -= self.sizes.lock().remove(&ptr).unwrap_or(0);
         Ok(())
     }
 

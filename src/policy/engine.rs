@@ -309,7 +309,7 @@ impl Engine {
     /// True when the controller is due. Cost: one compare.
     #[inline]
     pub fn due(&self, op: u64) -> bool {
-        op >= self.next_tick
+        op >= self.next_tick.min(self.next_sample)
     }
 
     /// The controller: re-routes classes, samples free memory at a bounded rate, enforces the
@@ -323,6 +323,12 @@ impl Engine {
         op: u64,
         live: u64,
     ) {
+        if op >= self.next_sample {
+            self.enforce_bounds(strategies, dev, routes, op);
+        }
+        if op < self.next_tick {
+            return;
+        }
         self.next_tick = op + self.policy.routing.interval_ops;
         if self.policy.routing.mode == RoutingMode::Adaptive {
             self.reroute(routes, op);
@@ -339,9 +345,6 @@ impl Engine {
                     format!("idle memory not reused for {age} operations aged out"),
                 );
             }
-        }
-        if op >= self.next_sample {
-            self.enforce_bounds(strategies, dev, routes, op);
         }
         if op >= self.timeline.last().map(|p| p.op + self.timeline_every).unwrap_or(0) {
             let reserved = strategies.iter().map(Strategy::reserved_bytes).sum();

@@ -182,3 +182,9 @@ pub fn known_gap(what: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "KNOWN GAP: {what}");
 }
+
+/// Prints a measured figure past the output capture (for RELIABILITY.md and the notes).
+pub fn figure(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "FIGURE: {what}");
+}

@@ -1,0 +1,142 @@
+//! CudaDevice's own code on the CPU: a stub libcuda (tests/stub/libcuda.c, host memory with a
+//! set capacity) built with the system C compiler and loaded through cudarc's dynamic loading.
+//! The test re-runs itself in a child process with LD_LIBRARY_PATH pointing at the stub, since
+//! the loader reads it at process start. Skips, saying why, where no C compiler exists or a
+//! real CUDA driver is present.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use adaptalloc::compare::Contender;
+use adaptalloc::synth::WorkloadSpec;
+use adaptalloc::trace::replay;
+use adaptalloc::{AllocError, CudaDevice, Device, DeviceError};
+
+const CHILD: &str = "ADAPTALLOC_STUB_CUDA_CHILD";
+const CAPACITY: u64 = 96 << 20;
+
+fn build_stub() -> Result<PathBuf, String> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/stub/libcuda.c");
+    let dir = std::env::temp_dir().join(format!("adaptalloc-stub-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let lib = dir.join("libcuda.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("no C compiler ({cc}): {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{cc} failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(dir)
+}
+
+#[test]
+fn cuda_device_runs_on_a_stub_libcuda() {
+    if std::env::var_os(CHILD).is_some() {
+        return child();
+    }
+    if CudaDevice::driver_present() {
+        common::skip("a real CUDA driver is present; the stub test runs where there is none");
+        return;
+    }
+    let dir = match build_stub() {
+        Ok(d) => d,
+        Err(e) => {
+            common::skip(&format!("stub libcuda not built: {e}"));
+            return;
+        }
+    };
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "cuda_device_runs_on_a_stub_libcuda",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "1")
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("STUB_CUDA_CAPACITY", CAPACITY.to_string())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(text.contains("stub checks passed"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Runs inside the child, with the stub as libcuda.
+fn child() {
+    assert!(CudaDevice::driver_present(), "the stub should load");
+    assert!(matches!(
+        CudaDevice::new(1),
+        Err(DeviceError::Driver {
+            call: "cuDeviceGet",
+            ..
+        })
+    ));
+    let dev = CudaDevice::new(0).expect("device 0 on the stub");
+    assert_eq!(dev.name(), "adaptalloc stub GPU");
+    let info = dev.mem_info().unwrap();
+    assert_eq!((info.free, info.total), (CAPACITY, CAPACITY));
+    let p = dev.allocate(1 << 20).unwrap();
+    assert_eq!(p % 256, 0);
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY - (1 << 20));
+    assert_eq!(dev.stats().allocated_bytes, 1 << 20);
+    // Out of memory from the driver is a typed, transient error with the device's numbers.
+    match dev.allocate(CAPACITY) {
+        Err(e @ DeviceError::OutOfMemory { .. }) => assert!(e.to_string().contains("out of memory"), "{e}"),
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    dev.free(p).unwrap();
+    assert!(
+        matches!(
+            dev.free(p),
+            Err(DeviceError::Driver {
+                call: "cuMemFree_v2",
+                ..
+            })
+        ),
+        "double free is a driver error"
+    );
+    assert_eq!(dev.stats().allocated_bytes, 0);
+
+    // Every allocator set-up replays a workload on the stub and gives every byte back.
+    let dev: Arc<dyn Device> = Arc::new(dev);
+    let spec = WorkloadSpec::bundled("small-churn").unwrap();
+    let trace = spec.generate(spec.seed);
+    for c in adaptalloc::compare::Contender::ALL {
+        let alloc = c.build(dev.clone());
+        let m = replay(&trace, &alloc);
+        assert_eq!(m.failed_allocs, 0, "{}", c.name());
+        drop(alloc);
+        assert_eq!(dev.mem_info().unwrap().free, CAPACITY, "{}: every byte back", c.name());
+    }
+    // The allocator's out-of-memory path on a real driver error: it releases, retries, and
+    // then reports the request with live and reserved bytes; and stays usable.
+    let alloc = Contender::Adaptive.build(dev.clone());
+    let hold = alloc.allocate(CAPACITY / 2, 0).unwrap();
+    match alloc.allocate(CAPACITY * 3 / 4, 0) {
+        Err(AllocError::OutOfMemory { .. }) => {}
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    drop(hold);
+    drop(
+        alloc
+            .allocate(CAPACITY * 3 / 4, 0)
+            .expect("fits once the first block is gone"),
+    );
+    drop(alloc);
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
+    println!("stub checks passed");
+}
