@@ -198,9 +198,9 @@ impl Default for CompareOptions {
     }
 }
 
-/// Runs one contender over one trace on a fresh SimDevice of `capacity` bytes.
-pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions) -> StrategyResult {
-    let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
+/// A fresh SimDevice of `capacity` bytes (with the co-tenant of `opts` scripted over `events`
+/// events) and a `contender` allocator on it.
+fn setup(contender: Contender, capacity: u64, opts: &CompareOptions, events: u64) -> (Arc<SimDevice>, Allocator) {
     let script = opts.tenant.map(|t| t.script(events)).unwrap_or_default();
     let dev = Arc::new(
         SimDevice::builder()
@@ -210,6 +210,13 @@ pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &Compar
             .build(),
     );
     let alloc = contender.build(dev.clone() as Arc<dyn Device>);
+    (dev, alloc)
+}
+
+/// Runs one contender over one trace on a fresh SimDevice of `capacity` bytes.
+pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions) -> StrategyResult {
+    let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
+    let (dev, alloc) = setup(contender, capacity, opts, events);
     let m = replay_with(trace, &alloc, ReplayOptions { repeat: opts.repeat }, |i| {
         dev.advance_clock(i)
     });
@@ -359,15 +366,7 @@ pub fn timeline(
 ) -> Vec<MemoryPoint> {
     let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
     let every = (events / points.max(1)).max(1);
-    let script = opts.tenant.map(|t| t.script(events)).unwrap_or_default();
-    let dev = Arc::new(
-        SimDevice::builder()
-            .capacity(capacity)
-            .cost_model(opts.cost_model.clone())
-            .tenants(script)
-            .build(),
-    );
-    let alloc = contender.build(dev.clone() as Arc<dyn Device>);
+    let (dev, alloc) = setup(contender, capacity, opts, events);
     let mut out = Vec::with_capacity(points as usize + 1);
     replay_with(trace, &alloc, ReplayOptions { repeat: opts.repeat }, |i| {
         dev.advance_clock(i);

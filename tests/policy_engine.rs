@@ -3,27 +3,17 @@
 
 mod common;
 
+use common::all_traces;
+
 use std::sync::Arc;
 
 use adaptalloc::compare::passthrough_min_capacity;
 use adaptalloc::device::{Device, Granularity, SimDevice, TenantAction};
 use adaptalloc::policy::Policy;
 use adaptalloc::strategy::StrategyKind;
-use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Op, ReplayOptions, Trace, read_csv, replay_with};
+use adaptalloc::synth::WorkloadSpec;
+use adaptalloc::trace::{Op, ReplayOptions, replay_with};
 use adaptalloc::{Allocator, DevicePtr};
-
-fn all_traces() -> Vec<Trace> {
-    let mut traces: Vec<Trace> = common::trace_files()
-        .iter()
-        .map(|p| read_csv(p, false).unwrap())
-        .collect();
-    for (name, _) in BUNDLED {
-        let spec = WorkloadSpec::bundled(name).unwrap();
-        traces.push(spec.generate(spec.seed));
-    }
-    traces
-}
 
 /// After every operation, free device memory is at least the headroom, unless the allocator
 /// holds nothing it could give back (live blocks, and free space inside their slabs, leave no

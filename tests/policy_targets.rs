@@ -3,22 +3,11 @@
 
 mod common;
 
+use common::all_traces;
+
 use adaptalloc::compare::{CompareOptions, Contender, passthrough_min_capacity, run_one};
 use adaptalloc::device::Granularity;
-use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Trace, read_csv};
-
-fn all_traces() -> Vec<Trace> {
-    let mut traces: Vec<Trace> = common::trace_files()
-        .iter()
-        .map(|p| read_csv(p, false).unwrap_or_else(|e| panic!("{e}")))
-        .collect();
-    for (name, _) in BUNDLED {
-        let spec = WorkloadSpec::bundled(name).unwrap();
-        traces.push(spec.generate(spec.seed));
-    }
-    traces
-}
+use adaptalloc::trace::Trace;
 
 fn calls(r: &adaptalloc::compare::StrategyResult) -> u64 {
     r.driver_allocs + r.driver_frees

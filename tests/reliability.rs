@@ -3,28 +3,18 @@
 
 mod common;
 
+use common::all_traces;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use adaptalloc::device::{CostModel, FaultPlan, SimDevice};
 use adaptalloc::policy::Policy;
-use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Op, Trace, parse_csv, parse_rmm, parse_snapshot, read_csv};
+use adaptalloc::synth::WorkloadSpec;
+use adaptalloc::trace::{Op, parse_csv, parse_rmm, parse_snapshot};
 use adaptalloc::{AllocError, Allocator, Device, DeviceError, DevicePtr};
 use common::{Setup, all_configs, check_invariants};
 use proptest::prelude::*;
-
-fn all_traces() -> Vec<Trace> {
-    let mut traces: Vec<Trace> = common::trace_files()
-        .iter()
-        .map(|p| read_csv(p, false).unwrap())
-        .collect();
-    for (name, _) in BUNDLED {
-        let spec = WorkloadSpec::bundled(name).unwrap();
-        traces.push(spec.generate(spec.seed));
-    }
-    traces
-}
 
 fn build(dev: &Arc<SimDevice>, setup: Setup) -> Allocator {
     common::allocator(dev, setup)

@@ -274,6 +274,29 @@ impl SimDevice {
         Ok(())
     }
 
+    /// Counts a driver allocation attempt of `bytes` (consuming `consumed`) with its modelled
+    /// cost, and refuses it on an injected fault or when it does not fit.
+    fn admit(&self, s: &mut State, bytes: u64, consumed: u64) -> Result<(), DeviceError> {
+        s.attempts += 1;
+        s.stats.driver_ns += self.cost.alloc_ns(bytes);
+        if self.inject_fault(s) {
+            s.stats.failed_allocs += 1;
+            return Err(DeviceError::InjectedFault {
+                requested: ByteSize(bytes),
+                nth: s.attempts,
+            });
+        }
+        if consumed > self.capacity - s.used {
+            s.stats.failed_allocs += 1;
+            return Err(DeviceError::OutOfMemory {
+                requested: ByteSize(bytes),
+                free: ByteSize(self.capacity - s.used),
+                total: ByteSize(self.capacity),
+            });
+        }
+        Ok(())
+    }
+
     fn inject_fault(&self, s: &mut State) -> bool {
         if self.faults.fail_nth.contains(&s.attempts) {
             return true;
@@ -289,23 +312,7 @@ impl Device for SimDevice {
     fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let consumed = self.granularity.consumed(bytes.max(1));
         let mut s = self.state.lock();
-        s.attempts += 1;
-        s.stats.driver_ns += self.cost.alloc_ns(bytes);
-        if self.inject_fault(&mut s) {
-            s.stats.failed_allocs += 1;
-            return Err(DeviceError::InjectedFault {
-                requested: ByteSize(bytes),
-                nth: s.attempts,
-            });
-        }
-        if consumed > self.capacity - s.used {
-            s.stats.failed_allocs += 1;
-            return Err(DeviceError::OutOfMemory {
-                requested: ByteSize(bytes),
-                free: ByteSize(self.capacity - s.used),
-                total: ByteSize(self.capacity),
-            });
-        }
+        self.admit(&mut s, bytes, consumed)?;
         let align = if bytes >= self.granularity.large_threshold {
             self.granularity.large_granule.max(crate::size::ALIGNMENT)
         } else {
@@ -401,23 +408,7 @@ impl VirtualMemory for SimDevice {
         let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
             return Err(DeviceError::UnknownPointer { ptr });
         };
-        s.attempts += 1;
-        s.stats.driver_ns += self.cost.alloc_ns(bytes);
-        if self.inject_fault(&mut s) {
-            s.stats.failed_allocs += 1;
-            return Err(DeviceError::InjectedFault {
-                requested: ByteSize(bytes),
-                nth: s.attempts,
-            });
-        }
-        if bytes > self.capacity - s.used {
-            s.stats.failed_allocs += 1;
-            return Err(DeviceError::OutOfMemory {
-                requested: ByteSize(bytes),
-                free: ByteSize(self.capacity - s.used),
-                total: ByteSize(self.capacity),
-            });
-        }
+        self.admit(&mut s, bytes, bytes)?;
         s.used += bytes;
         s.reservations.get_mut(&base).expect("found above").1 += bytes;
         s.stats.driver_allocs += 1;

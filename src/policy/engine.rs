@@ -336,15 +336,9 @@ impl Engine {
         let age = self.policy.bounds.idle_age_ops;
         if age > 0 && op > age {
             let released: u64 = strategies.iter_mut().map(|s| s.release_older_than(dev, op - age)).sum();
-            if released > 0 {
-                self.released_by_bounds += released;
-                self.log(
-                    op,
-                    "release",
-                    released,
-                    format!("idle memory not reused for {age} operations aged out"),
-                );
-            }
+            self.log_release(op, released, || {
+                format!("idle memory not reused for {age} operations aged out")
+            });
         }
         if op >= self.timeline.last().map(|p| p.op + self.timeline_every).unwrap_or(0) {
             let reserved = strategies.iter().map(Strategy::reserved_bytes).sum();
@@ -456,15 +450,10 @@ impl Engine {
                 need = need.saturating_sub(r);
             }
         }
-        if released > 0 {
-            self.released_by_bounds += released;
-            self.log(
-                op,
-                "release",
-                released,
-                format!("{reason} (free {} of headroom {})", info.free, self.headroom),
-            );
-        }
+        let headroom = self.headroom;
+        self.log_release(op, released, || {
+            format!("{reason} (free {} of headroom {headroom})", info.free)
+        });
     }
 
     /// While the device is tight, requests under 1 MiB get exact-size cached blocks (a slab page
@@ -578,6 +567,14 @@ impl Engine {
                     reason: why,
                 });
             }
+        }
+    }
+
+    /// Counts and logs memory the bounds gave back (nothing when `released` is 0).
+    fn log_release(&mut self, op: u64, released: u64, reason: impl FnOnce() -> String) {
+        if released > 0 {
+            self.released_by_bounds += released;
+            self.log(op, "release", released, reason());
         }
     }
 

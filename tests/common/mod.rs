@@ -188,3 +188,16 @@ pub fn figure(what: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "FIGURE: {what}");
 }
+
+/// Every CSV trace in ../shared/traces (when present) and the bundled synthetic workloads.
+pub fn all_traces() -> Vec<adaptalloc::trace::Trace> {
+    let mut traces: Vec<adaptalloc::trace::Trace> = trace_files()
+        .iter()
+        .map(|p| adaptalloc::trace::read_csv(p, false).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    for (name, _) in adaptalloc::synth::BUNDLED {
+        let spec = adaptalloc::synth::WorkloadSpec::bundled(name).unwrap();
+        traces.push(spec.generate(spec.seed));
+    }
+    traces
+}
