@@ -1,0 +1,165 @@
+//! adaptalloc beside peer allocators in the same run: allocate+free pairs, churn (N live blocks,
+//! one replaced at random) and threads on one allocator. Zero-cost SimDevice, so only allocator
+//! work is timed. Peers: offset-allocator 0.2 (O(1) TLSF over offsets) and range-alloc; both are
+//! single-threaded `&mut` structures with no lock, while every adaptalloc call takes its lock and
+//! keeps statistics. Sizes are in 256-byte units for offset-allocator (it counts in u32).
+//!
+//! `cargo bench --bench peers`; `scripts/benchmarks.sh` turns the results into BENCHMARKS.md.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use adaptalloc::device::{CostModel, Device};
+use adaptalloc::rng::SplitMix64;
+use adaptalloc::{Allocator, SimDevice, StrategyKind};
+use criterion::{Criterion, criterion_group, criterion_main};
+
+fn device() -> Arc<dyn Device> {
+    Arc::new(
+        SimDevice::builder()
+            .capacity(1 << 44)
+            .cost_model(CostModel::zero())
+            .build(),
+    )
+}
+
+const SIZES: [u64; 4] = [256, 64 << 10, 4 << 20, 64 << 20];
+
+fn pairs(c: &mut Criterion) {
+    let mut g = c.benchmark_group("pair");
+    for size in SIZES {
+        // Ours: the default's cache-hit path (the class warmed), and each strategy.
+        let ours: Vec<(String, Allocator)> = std::iter::once(("adaptive".to_string(), Allocator::adaptive(device())))
+            .chain(
+                StrategyKind::ALL
+                    .iter()
+                    .map(|&k| (k.name().to_string(), Allocator::with_strategy(device(), k))),
+            )
+            .collect();
+        for (name, alloc) in &ours {
+            let keep = alloc.allocate_raw(size, 0).unwrap();
+            for _ in 0..4096 {
+                let p = alloc.allocate_raw(size, 0).unwrap();
+                alloc.deallocate(p, 0).unwrap();
+            }
+            g.bench_function(format!("{name}/{size}"), |b| {
+                b.iter(|| {
+                    let p = alloc.allocate_raw(black_box(size), 0).unwrap();
+                    alloc.deallocate(p, 0).unwrap();
+                })
+            });
+            alloc.deallocate(keep, 0).unwrap();
+        }
+        let mut oa = offset_allocator::Allocator::<u32>::new(u32::MAX);
+        let units = (size / 256) as u32;
+        g.bench_function(format!("offset-allocator/{size}"), |b| {
+            b.iter(|| {
+                let a = oa.allocate(black_box(units)).unwrap();
+                oa.free(a);
+            })
+        });
+        let mut ra = range_alloc::RangeAllocator::new(0u64..1 << 44);
+        g.bench_function(format!("range-alloc/{size}"), |b| {
+            b.iter(|| {
+                let r = ra.allocate_range(black_box(size)).unwrap();
+                ra.free_range(r);
+            })
+        });
+    }
+    g.finish();
+}
+
+/// A seeded sequence of (slot, size): replace the block in `slot` with one of `size`.
+fn churn_ops(n: usize, live: usize) -> Vec<(usize, u64)> {
+    let mut rng = SplitMix64(42);
+    (0..n)
+        .map(|_| {
+            let bits = 8 + rng.below(19); // 256 B .. 64 MiB, log-uniform
+            (
+                (rng.below(live as u64)) as usize,
+                (1u64 << bits) + rng.below(1 << bits) / 2 / 256 * 256,
+            )
+        })
+        .collect()
+}
+
+fn churn(c: &mut Criterion) {
+    const LIVE: usize = 256;
+    let ops = churn_ops(1 << 16, LIVE);
+    let mut g = c.benchmark_group("churn");
+    let ours = [
+        ("adaptive", Allocator::adaptive(device())),
+        ("suballoc", Allocator::with_strategy(device(), StrategyKind::Suballoc)),
+        ("caching", Allocator::with_strategy(device(), StrategyKind::Caching)),
+    ];
+    for (name, alloc) in &ours {
+        let mut slots: Vec<u64> = (0..LIVE).map(|_| alloc.allocate_raw(4096, 0).unwrap()).collect();
+        let mut i = 0;
+        g.bench_function(*name, |b| {
+            b.iter(|| {
+                let (slot, size) = ops[i % ops.len()];
+                i += 1;
+                alloc.deallocate(slots[slot], 0).unwrap();
+                slots[slot] = alloc.allocate_raw(size, 0).unwrap();
+            })
+        });
+        for p in slots {
+            alloc.deallocate(p, 0).unwrap();
+        }
+    }
+    let mut oa = offset_allocator::Allocator::<u32>::new(u32::MAX);
+    let mut slots: Vec<_> = (0..LIVE).map(|_| oa.allocate(16).unwrap()).collect();
+    let mut i = 0;
+    g.bench_function("offset-allocator", |b| {
+        b.iter(|| {
+            let (slot, size) = ops[i % ops.len()];
+            i += 1;
+            oa.free(slots[slot]);
+            slots[slot] = oa.allocate((size / 256) as u32).unwrap();
+        })
+    });
+    let mut ra = range_alloc::RangeAllocator::new(0u64..1 << 44);
+    let mut slots: Vec<_> = (0..LIVE).map(|_| ra.allocate_range(4096).unwrap()).collect();
+    let mut i = 0;
+    g.bench_function("range-alloc", |b| {
+        b.iter(|| {
+            let (slot, size) = ops[i % ops.len()];
+            i += 1;
+            ra.free_range(slots[slot].clone());
+            slots[slot] = ra.allocate_range(size).unwrap();
+        })
+    });
+    g.finish();
+}
+
+/// Allocate+free pairs (64 KiB, cache hits) from `threads` threads on one adaptive allocator,
+/// each on its own stream; criterion times `iters` pairs per thread, all threads at once.
+fn threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("threads");
+    g.measurement_time(Duration::from_secs(4));
+    for n in [1u64, 2, 4, 8] {
+        let alloc = Allocator::adaptive(device());
+        g.bench_function(format!("adaptive/{n}"), |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for t in 0..n {
+                        let alloc = &alloc;
+                        s.spawn(move || {
+                            for _ in 0..iters {
+                                let p = alloc.allocate_raw(64 << 10, t).unwrap();
+                                alloc.deallocate(p, t).unwrap();
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, pairs, churn, threads);
+criterion_main!(benches);

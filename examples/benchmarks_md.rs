@@ -1,0 +1,167 @@
+//! Writes BENCHMARKS.md to standard output: the criterion figures of `benches/peers.rs` (read
+//! from target/criterion) as ratios to offset-allocator and to passthrough from the same run,
+//! the compare table (every strategy x every trace in ../shared/traces and the bundled
+//! workloads x capacity factors 1.1, 1.5 and 4, plus --repeat 10) and the sweep table.
+//!
+//! Run through `scripts/benchmarks.sh`, which runs the benches first.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use adaptalloc::compare::{Capacity, CompareOptions, Contender, compare, min_capacity};
+use adaptalloc::size::ByteSize;
+use adaptalloc::synth::{BUNDLED, WorkloadSpec};
+use adaptalloc::trace::{Trace, read_csv};
+
+/// Mean ns of every criterion benchmark under target/criterion/GROUP/NAME[/PARAM].
+fn criterion_means(root: &Path) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() && p.file_name().is_some_and(|n| n != "report") {
+                let est = p.join("new/estimates.json");
+                if est.exists() {
+                    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&est).unwrap()).unwrap();
+                    let name = p.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+                    out.insert(name, v["mean"]["point_estimate"].as_f64().unwrap_or(f64::NAN));
+                } else {
+                    stack.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn traces() -> Vec<Trace> {
+    let mut out = Vec::new();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    if let Ok(rd) = std::fs::read_dir(&dir) {
+        let mut files: Vec<_> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+            .collect();
+        files.sort();
+        out.extend(files.iter().map(|f| read_csv(f, false).expect("trace parses")));
+    }
+    for (name, _) in BUNDLED {
+        let spec = WorkloadSpec::bundled(name).unwrap();
+        out.push(spec.generate(spec.seed));
+    }
+    out
+}
+
+fn main() {
+    let means = criterion_means(&Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion"));
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let date = std::process::Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    println!("# Benchmarks\n");
+    println!("Measured on {date}, {cpu}, {cores} cores, release build; regenerate with `scripts/benchmarks.sh`.");
+    println!("SimDevice with a zero cost model for the timings (allocator work only) and the default cost");
+    println!("model for the driver-time columns. Peers run in the same criterion run as ours.\n");
+
+    println!("## Allocate + free pairs (ns, mean)\n");
+    println!(
+        "| size | adaptive (cache hit) | caching | suballoc | passthrough | offset-allocator | range-alloc | adaptive / offset-allocator | adaptive / passthrough |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for size in [256u64, 65536, 4194304, 67108864] {
+        let get = |n: &str| means.get(&format!("pair/{n}_{size}")).copied().unwrap_or(f64::NAN);
+        let (a, o, p) = (get("adaptive"), get("offset-allocator"), get("passthrough"));
+        println!(
+            "| {} | {a:.0} | {:.0} | {:.0} | {p:.0} | {o:.0} | {:.0} | {:.2} | {:.2} |",
+            ByteSize(size),
+            get("caching"),
+            get("suballoc"),
+            get("range-alloc"),
+            a / o,
+            a / p
+        );
+    }
+    println!("\n## Churn: 256 live blocks, one replaced at random (ns per replacement, mean; sizes 256 B .. 64 MiB)\n");
+    let oa = means.get("churn/offset-allocator").copied().unwrap_or(f64::NAN);
+    println!("| allocator | ns | / offset-allocator |\n|---|---|---|");
+    for n in ["adaptive", "suballoc", "caching", "offset-allocator", "range-alloc"] {
+        let v = means.get(&format!("churn/{n}")).copied().unwrap_or(f64::NAN);
+        println!("| {n} | {v:.0} | {:.2} |", v / oa);
+    }
+    println!("\n## Threads on one adaptive allocator (64 KiB pairs, each thread its own stream)\n");
+    let one = means.get("threads/adaptive_1").copied().unwrap_or(f64::NAN);
+    println!("| threads | ns per round (one pair per thread) | per-thread throughput vs 1 thread |\n|---|---|---|");
+    for t in [1u32, 2, 4, 8] {
+        let v = means.get(&format!("threads/adaptive_{t}")).copied().unwrap_or(f64::NAN);
+        println!("| {t} | {v:.0} | {:.2} |", one / v);
+    }
+
+    let traces = traces();
+    println!("\n## Compare: every strategy on every trace\n");
+    println!(
+        "Driver calls (allocations + frees), modelled driver time, peak reserved / peak live, failed allocations.\n"
+    );
+    for (label, capacity, repeat) in [
+        ("device 1.1x peak live", Capacity::Factor(1.1), 1),
+        ("device 1.5x peak live", Capacity::Factor(1.5), 1),
+        ("device 4x peak live", Capacity::Factor(4.0), 1),
+        ("device 1.5x peak live, --repeat 10", Capacity::Factor(1.5), 10),
+    ] {
+        let opts = CompareOptions {
+            capacity,
+            repeat,
+            ..Default::default()
+        };
+        let result = compare(&traces, &opts);
+        println!("### {label}\n");
+        println!("| trace | passthrough | caching | suballoc | adaptive |\n|---|---|---|---|---|");
+        for t in &result.traces {
+            let cells: Vec<String> = t
+                .results
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} calls, {:.1} ms, {:.2}x{}",
+                        r.driver_allocs + r.driver_frees,
+                        r.modeled_driver_ns as f64 / 1e6,
+                        r.peak_reserved_bytes as f64 / t.peak_live_bytes.max(1) as f64,
+                        if r.failed_allocs > 0 {
+                            format!(", **{} failed**", r.failed_allocs)
+                        } else {
+                            String::new()
+                        }
+                    )
+                })
+                .collect();
+            println!("| {} | {} |", t.trace, cells.join(" | "));
+        }
+        println!();
+    }
+    println!("## Sweep: the smallest device on which each strategy completes each trace (x peak live)\n");
+    println!("| trace | peak live | passthrough | caching | suballoc | adaptive |\n|---|---|---|---|---|---|");
+    let opts = CompareOptions::default();
+    for t in &traces {
+        let peak = t.peak_live_bytes();
+        let cells: Vec<String> = Contender::ALL
+            .iter()
+            .map(|&c| match min_capacity(t, c, &opts, 0.005, peak.saturating_mul(64)) {
+                Some(b) => format!("{:.3}", b as f64 / peak as f64),
+                None => "never".into(),
+            })
+            .collect();
+        println!("| {} | {} | {} |", t.name, ByteSize(peak), cells.join(" | "));
+    }
+}
