@@ -74,3 +74,8 @@ pub(crate) fn read_file(path: &std::path::Path) -> Result<(String, String), Conf
         }),
     }
 }
+
+/// Parses TOML text into `T`; errors name `file`, line, column and key.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(text: &str, file: &str) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| toml_error(file, text, &e))
+}

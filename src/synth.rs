@@ -104,7 +104,7 @@ pub const BUNDLED: [(&str, &str); 4] = [
 
 impl WorkloadSpec {
     pub fn from_toml_str(text: &str, file: &str) -> Result<Self, ConfigError> {
-        let spec: WorkloadSpec = toml::from_str(text).map_err(|e| crate::config::toml_error(file, text, &e))?;
+        let spec: WorkloadSpec = crate::config::parse(text, file)?;
         spec.validate(file)?;
         Ok(spec)
     }

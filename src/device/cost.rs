@@ -111,7 +111,7 @@ impl CostModel {
     }
 
     pub fn from_toml_str(text: &str, file: &str) -> Result<Self, ConfigError> {
-        let model: CostModel = toml::from_str(text).map_err(|e| crate::config::toml_error(file, text, &e))?;
+        let model: CostModel = crate::config::parse(text, file)?;
         model.alloc.validate(file, "alloc.points")?;
         model.free.validate(file, "free.points")?;
         Ok(model)

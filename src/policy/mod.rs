@@ -324,7 +324,7 @@ impl Policy {
     /// Parses a policy from TOML text; `file` names it in errors. Nothing half-read is returned:
     /// either the whole file is valid or an error names the file, line and key.
     pub fn from_toml_str(text: &str, file: &str) -> Result<Self, ConfigError> {
-        let policy: Policy = toml::from_str(text).map_err(|e| crate::config::toml_error(file, text, &e))?;
+        let policy: Policy = crate::config::parse(text, file)?;
         policy.validate(file)?;
         Ok(policy)
     }
@@ -343,11 +343,16 @@ impl Policy {
     /// The policy named by `ADAPTALLOC_POLICY` (a file path or a preset name), else the default.
     pub fn from_env() -> Result<Self, ConfigError> {
         match std::env::var("ADAPTALLOC_POLICY") {
-            Ok(v) if !v.trim().is_empty() => match Self::preset(v.trim()) {
-                Some(p) if !Path::new(&v).exists() => Ok(p),
-                _ => Self::from_file(Path::new(&v)),
-            },
+            Ok(v) if !v.trim().is_empty() => Self::load(v.trim()),
             _ => Ok(Self::default()),
+        }
+    }
+
+    /// A preset by name, or else a policy file by path (a file of a preset's name wins).
+    pub fn load(name_or_path: &str) -> Result<Self, ConfigError> {
+        match Self::preset(name_or_path) {
+            Some(p) if !Path::new(name_or_path).exists() => Ok(p),
+            _ => Self::from_file(Path::new(name_or_path)),
         }
     }
 

@@ -57,13 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (_, Some(name)) => Contender::parse(name)
             .with_context(|| format!("unknown strategy {name:?}; known: passthrough, caching, suballoc, adaptive"))?
             .build(device),
-        (Some(p), None) => {
-            let policy = match Policy::preset(p) {
-                Some(preset) if !std::path::Path::new(p).exists() => preset,
-                _ => Policy::from_file(std::path::Path::new(p))?,
-            };
-            Allocator::with_policy(device, policy)
-        }
+        (Some(p), None) => Allocator::with_policy(device, Policy::load(p)?),
         (None, None) => Allocator::adaptive(device),
     };
     let m = crate::progress::with_spinner("replaying", || {

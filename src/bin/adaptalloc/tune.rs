@@ -27,10 +27,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let base = match &args.policy {
         None => Policy::default(),
-        Some(p) => match Policy::preset(p) {
-            Some(preset) if !std::path::Path::new(p).exists() => preset,
-            _ => Policy::from_file(std::path::Path::new(p))?,
-        },
+        Some(p) => Policy::load(p)?,
     };
     let traces = load_traces(&args.traces, args.lenient)?;
     let capacity = args.capacity.capacity()?;
