@@ -8,6 +8,11 @@
 //! Free neighbours merge when they share a stream or one of them is unrestricted (the result
 //! keeps the restriction).
 
+mod freelists;
+mod paging;
+
+use freelists::FreeLists;
+
 use super::pages::PageMap;
 use super::slots::Slots;
 use super::{BlockMeta, Grant, StreamId};
@@ -75,23 +80,6 @@ struct Node {
     list: u16,
 }
 
-#[derive(Debug, Clone)]
-struct FreeLists {
-    fl_bitmap: u64,
-    sl_bitmap: [u16; FL],
-    heads: Vec<u32>,
-}
-
-impl FreeLists {
-    fn new() -> Self {
-        FreeLists {
-            fl_bitmap: 0,
-            sl_bitmap: [0; FL],
-            heads: vec![NIL; FL * SL],
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Slab {
     base: DevicePtr,
@@ -107,29 +95,6 @@ struct Slab {
     empty_pos: Option<u32>,
     /// The operation count when it last became empty, for ageing.
     emptied_at: u64,
-}
-
-/// First- and second-level index of the list holding blocks of `size` bytes.
-#[inline]
-fn mapping(size: u64) -> (usize, usize) {
-    let u = size >> UNIT_SHIFT;
-    if u < SL as u64 {
-        return (0, u as usize);
-    }
-    let f = 63 - u.leading_zeros();
-    ((f - SL_BITS + 1) as usize, ((u >> (f - SL_BITS)) as usize) & (SL - 1))
-}
-
-/// The list from which every block is at least `size` bytes (size rounded up to the next list).
-#[inline]
-fn mapping_search(size: u64) -> (usize, usize) {
-    let u = size >> UNIT_SHIFT;
-    if u < SL as u64 {
-        return (0, u as usize);
-    }
-    let f = 63 - u.leading_zeros();
-    let rounded = u.saturating_add((1u64 << (f - SL_BITS)) - 1);
-    mapping(rounded << UNIT_SHIFT)
 }
 
 #[derive(Debug)]
@@ -406,48 +371,6 @@ impl Suballoc {
         self.list_stream[li as usize].is_none()
     }
 
-    /// A free node of list set `li` of at least `bytes`, or None. Good fit in O(1); when the
-    /// rounded-up search finds nothing, scans the request's own list (a few entries) for an
-    /// exact fit, which matters when memory is tight.
-    fn find(&self, li: u16, bytes: u64) -> Option<u32> {
-        let lists = &self.lists[li as usize];
-        let (fl, sl) = mapping_search(bytes);
-        if fl < FL {
-            let sl_map = lists.sl_bitmap[fl] & (!0u16 << sl);
-            let (f, s) = if sl_map != 0 {
-                (fl, sl_map.trailing_zeros() as usize)
-            } else {
-                let fl_map = if fl + 1 < 64 {
-                    lists.fl_bitmap & (!0u64 << (fl + 1))
-                } else {
-                    0
-                };
-                if fl_map == 0 {
-                    return self.find_exact(li, bytes);
-                }
-                let f = fl_map.trailing_zeros() as usize;
-                (f, lists.sl_bitmap[f].trailing_zeros() as usize)
-            };
-            return Some(lists.heads[f * SL + s]);
-        }
-        self.find_exact(li, bytes)
-    }
-
-    #[cold]
-    fn find_exact(&self, li: u16, bytes: u64) -> Option<u32> {
-        let (fl, sl) = mapping(bytes);
-        let mut i = self.lists[li as usize].heads[fl * SL + sl];
-        let mut steps = 0;
-        while i != NIL && steps < 64 {
-            if self.nodes[i].size >= bytes {
-                return Some(i);
-            }
-            i = self.nodes[i].free_next;
-            steps += 1;
-        }
-        None
-    }
-
     /// Takes free node `idx` for a block of `bytes`, splitting off the rest; returns its address.
     fn take(&mut self, idx: u32, bytes: u64) -> DevicePtr {
         let n = self.nodes[idx];
@@ -615,103 +538,6 @@ impl Suballoc {
         released
     }
 
-    /// Maps the pages a block of `bytes` at free node `idx` needs; true when it made driver
-    /// calls. Fails (changing nothing) when the device cannot back them.
-    fn map_for(&mut self, dev: &dyn Device, idx: u32, bytes: u64) -> Result<bool, DeviceError> {
-        let n = self.nodes[idx];
-        let slab = self.slabs[n.slab];
-        let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else {
-            return Ok(false);
-        };
-        let runs = pm.unmapped_runs(n.addr - slab.base, bytes);
-        if runs.is_empty() {
-            return Ok(false);
-        }
-        let vmm = dev.vmm().expect("a paged slab's device has vmm");
-        let mut done: Vec<(u64, u64)> = Vec::new();
-        for &(off, len) in &runs {
-            if let Err(e) = vmm.map(slab.base + off, len) {
-                for &(o, l) in &done {
-                    let _ = vmm.unmap(slab.base + o, l);
-                }
-                return Err(e);
-            }
-            done.push((off, len));
-        }
-        let mut added = 0;
-        for (off, len) in runs {
-            pm.mark_mapped(off, len);
-            added += len;
-        }
-        self.reserved += added;
-        self.pool_reserved[slab.pool as usize] += added;
-        Ok(true)
-    }
-
-    /// Unmaps pages no live block touches, in every paged slab, until `want` bytes are given
-    /// back; returns the bytes unmapped. Slabs left empty and unmapped drop their reservation.
-    pub fn unmap_unused(&mut self, dev: &dyn Device, want: u64) -> u64 {
-        let Some(vmm) = dev.vmm() else { return 0 };
-        let mut released = 0;
-        for id in 0..self.pages.len() {
-            if released >= want {
-                break;
-            }
-            let Some(pm) = self.pages[id].as_mut() else { continue };
-            if pm.unused_mapped_bytes == 0 {
-                continue;
-            }
-            let base = self.slabs[id as u32].base;
-            let pool = self.slabs[id as u32].pool;
-            for (off, len) in pm.take_unused_runs(want - released) {
-                if let Err(e) = vmm.unmap(base + off, len) {
-                    tracing::error!(ptr = base + off, error = %e, "unmap failed; pages forgotten");
-                }
-                released += len;
-                self.reserved -= len;
-                self.pool_reserved[pool as usize] -= len;
-            }
-        }
-        // Empty slabs with nothing mapped cost nothing but address space: drop them.
-        let unmapped_empty: Vec<u32> = self
-            .empty
-            .iter()
-            .copied()
-            .filter(|&id| self.pages[id as usize].as_ref().is_some_and(|pm| pm.mapped_bytes == 0))
-            .collect();
-        for id in unmapped_empty {
-            self.release_slab(dev, id);
-        }
-        released
-    }
-
-    /// Idle bytes that can be given back now: empty slabs, and in paged slabs every mapped
-    /// page no live block touches.
-    pub fn releasable_bytes(&self) -> u64 {
-        let paged: u64 = self.pages.iter().flatten().map(|pm| pm.unused_mapped_bytes).sum();
-        let whole: u64 = self
-            .empty
-            .iter()
-            .filter(|&&id| self.pages[id as usize].is_none())
-            .map(|&id| self.slabs[id].size)
-            .sum();
-        paged + whole
-    }
-
-    /// Gives back idle memory until at most `keep` idle bytes remain, where it can: empty slabs
-    /// first, then (with `unmap_pages`) unused pages of paged slabs.
-    pub fn release_down_to(&mut self, dev: &dyn Device, keep: u64, unmap_pages: bool) -> u64 {
-        let mut released = 0;
-        while self.idle_bytes() > keep {
-            let Some(&id) = self.empty.last() else { break };
-            released += self.release_slab(dev, id);
-        }
-        if unmap_pages && self.idle_bytes() > keep {
-            released += self.unmap_unused(dev, self.idle_bytes() - keep);
-        }
-        released
-    }
-
     fn mark_empty(&mut self, slab_id: u32) {
         let slab = &mut self.slabs[slab_id];
         if slab.empty_pos.is_none() {
@@ -729,111 +555,6 @@ impl Suballoc {
             if let Some(&moved) = self.empty.get(pos as usize) {
                 self.slabs[moved].empty_pos = Some(pos);
             }
-        }
-    }
-
-    /// Marks `idx` free in list set `li`, merging with free neighbours it may join; returns the
-    /// index of the merged node.
-    fn insert_free(&mut self, mut idx: u32, li: u16) -> u32 {
-        // Neighbours merge when they share a list, or one side is usable by every stream (the
-        // result keeps the other side's stream restriction). All nodes of a slab share its pool.
-        let mut tag = li;
-        let prev = self.nodes[idx].phys_prev;
-        if prev != NIL && self.joins(tag, self.nodes[prev].list) {
-            if self.is_any(tag) {
-                tag = self.nodes[prev].list;
-            }
-            self.remove_free(prev);
-            self.absorb_next(prev);
-            idx = prev;
-        }
-        let next = self.nodes[idx].phys_next;
-        if next != NIL && self.joins(tag, self.nodes[next].list) {
-            if self.is_any(tag) {
-                tag = self.nodes[next].list;
-            }
-            self.remove_free(next);
-            self.absorb_next(idx);
-        }
-        self.push_free(idx, tag);
-        idx
-    }
-
-    /// Whether a free block of list `tag` may merge with a neighbour in list `other`.
-    #[inline]
-    fn joins(&self, tag: u16, other: u16) -> bool {
-        other != USED && (other == tag || self.is_any(other) || self.is_any(tag))
-    }
-
-    /// Node `idx` swallows its physical successor, whose slot is freed.
-    fn absorb_next(&mut self, idx: u32) {
-        let next = self.nodes[idx].phys_next;
-        let nn = self.nodes[next];
-        let after = nn.phys_next;
-        let node = &mut self.nodes[idx];
-        node.size += nn.size;
-        node.phys_next = after;
-        if after != NIL {
-            self.nodes[after].phys_prev = idx;
-        }
-        self.nodes[next].slab = NIL;
-        self.nodes.release(next);
-    }
-
-    fn push_free(&mut self, idx: u32, li: u16) {
-        let (fl, sl) = mapping(self.nodes[idx].size);
-        let lists = &mut self.lists[li as usize];
-        let head = lists.heads[fl * SL + sl];
-        lists.heads[fl * SL + sl] = idx;
-        lists.fl_bitmap |= 1 << fl;
-        lists.sl_bitmap[fl] |= 1 << sl;
-        if head != NIL {
-            self.nodes[head].free_prev = idx;
-        }
-        let n = &mut self.nodes[idx];
-        n.free_prev = NIL;
-        n.free_next = head;
-        n.list = li;
-    }
-
-    fn remove_free(&mut self, idx: u32) {
-        let n = self.nodes[idx];
-        debug_assert_ne!(n.list, USED);
-        let (fl, sl) = mapping(n.size);
-        if n.free_prev != NIL {
-            self.nodes[n.free_prev].free_next = n.free_next;
-        } else {
-            let lists = &mut self.lists[n.list as usize];
-            lists.heads[fl * SL + sl] = n.free_next;
-            if n.free_next == NIL {
-                lists.sl_bitmap[fl] &= !(1 << sl);
-                if lists.sl_bitmap[fl] == 0 {
-                    lists.fl_bitmap &= !(1 << fl);
-                }
-            }
-        }
-        if n.free_next != NIL {
-            self.nodes[n.free_next].free_prev = n.free_prev;
-        }
-        self.nodes[idx].list = USED;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mapping_search_never_returns_a_smaller_list() {
-        for units in 1..5000u64 {
-            let size = units << UNIT_SHIFT;
-            let (fl, sl) = mapping_search(size);
-            // The smallest size that maps to (fl, sl) must be >= size.
-            let min_of_list = (1..=units * 2)
-                .map(|u| u << UNIT_SHIFT)
-                .find(|&s| mapping(s) == (fl, sl))
-                .unwrap();
-            assert!(min_of_list >= size, "size {size}: list min {min_of_list}");
         }
     }
 }

@@ -1,0 +1,106 @@
+//! Page-backed slabs of the suballocator: mapping the pages a new block needs, and giving back
+//! pages no live block touches (the page bookkeeping itself is `strategy::pages`).
+
+use crate::device::Device;
+use crate::error::DeviceError;
+
+use super::Suballoc;
+
+impl Suballoc {
+    /// Maps the pages a block of `bytes` at free node `idx` needs; true when it made driver
+    /// calls. Fails (changing nothing) when the device cannot back them.
+    pub(super) fn map_for(&mut self, dev: &dyn Device, idx: u32, bytes: u64) -> Result<bool, DeviceError> {
+        let n = self.nodes[idx];
+        let slab = self.slabs[n.slab];
+        let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else {
+            return Ok(false);
+        };
+        let runs = pm.unmapped_runs(n.addr - slab.base, bytes);
+        if runs.is_empty() {
+            return Ok(false);
+        }
+        let vmm = dev.vmm().expect("a paged slab's device has vmm");
+        let mut done: Vec<(u64, u64)> = Vec::new();
+        for &(off, len) in &runs {
+            if let Err(e) = vmm.map(slab.base + off, len) {
+                for &(o, l) in &done {
+                    let _ = vmm.unmap(slab.base + o, l);
+                }
+                return Err(e);
+            }
+            done.push((off, len));
+        }
+        let mut added = 0;
+        for (off, len) in runs {
+            pm.mark_mapped(off, len);
+            added += len;
+        }
+        self.reserved += added;
+        self.pool_reserved[slab.pool as usize] += added;
+        Ok(true)
+    }
+
+    /// Unmaps pages no live block touches, in every paged slab, until `want` bytes are given
+    /// back; returns the bytes unmapped. Slabs left empty and unmapped drop their reservation.
+    pub fn unmap_unused(&mut self, dev: &dyn Device, want: u64) -> u64 {
+        let Some(vmm) = dev.vmm() else { return 0 };
+        let mut released = 0;
+        for id in 0..self.pages.len() {
+            if released >= want {
+                break;
+            }
+            let Some(pm) = self.pages[id].as_mut() else { continue };
+            if pm.unused_mapped_bytes == 0 {
+                continue;
+            }
+            let base = self.slabs[id as u32].base;
+            let pool = self.slabs[id as u32].pool;
+            for (off, len) in pm.take_unused_runs(want - released) {
+                if let Err(e) = vmm.unmap(base + off, len) {
+                    tracing::error!(ptr = base + off, error = %e, "unmap failed; pages forgotten");
+                }
+                released += len;
+                self.reserved -= len;
+                self.pool_reserved[pool as usize] -= len;
+            }
+        }
+        // Empty slabs with nothing mapped cost nothing but address space: drop them.
+        let unmapped_empty: Vec<u32> = self
+            .empty
+            .iter()
+            .copied()
+            .filter(|&id| self.pages[id as usize].as_ref().is_some_and(|pm| pm.mapped_bytes == 0))
+            .collect();
+        for id in unmapped_empty {
+            self.release_slab(dev, id);
+        }
+        released
+    }
+
+    /// Idle bytes that can be given back now: empty slabs, and in paged slabs every mapped
+    /// page no live block touches.
+    pub fn releasable_bytes(&self) -> u64 {
+        let paged: u64 = self.pages.iter().flatten().map(|pm| pm.unused_mapped_bytes).sum();
+        let whole: u64 = self
+            .empty
+            .iter()
+            .filter(|&&id| self.pages[id as usize].is_none())
+            .map(|&id| self.slabs[id].size)
+            .sum();
+        paged + whole
+    }
+
+    /// Gives back idle memory until at most `keep` idle bytes remain, where it can: empty slabs
+    /// first, then (with `unmap_pages`) unused pages of paged slabs.
+    pub fn release_down_to(&mut self, dev: &dyn Device, keep: u64, unmap_pages: bool) -> u64 {
+        let mut released = 0;
+        while self.idle_bytes() > keep {
+            let Some(&id) = self.empty.last() else { break };
+            released += self.release_slab(dev, id);
+        }
+        if unmap_pages && self.idle_bytes() > keep {
+            released += self.unmap_unused(dev, self.idle_bytes() - keep);
+        }
+        released
+    }
+}
