@@ -3,10 +3,19 @@
 //! A GPU memory allocator with a policy engine: caching speed with zero configuration, and no
 //! failure where plain `cudaMalloc` would have succeeded.
 //!
-//! - [`device`]: where memory comes from: [`SimDevice`] (a simulated GPU) or [`CudaDevice`].
-//! - [`strategy`]: passthrough, caching (size classes, LRU trim) and block suballocation (TLSF).
 //! - [`Allocator`]: the public, thread-safe entry point with RAII [`Allocation`]s.
-//! - [`trace`]: allocation traces (CSV) and [`trace::replay`].
+//!   [`Allocator::adaptive`] is the zero-configuration default; [`Allocator::with_policy`] and
+//!   [`Allocator::from_env`] take a [`policy::Policy`]; [`Allocator::report`] gives the
+//!   [`report::TuningReport`] with a recommended policy.
+//! - [`policy`]: the policy schema, presets, and the engine that routes size classes and bounds
+//!   idle memory by the device's free memory.
+//! - [`device`]: where memory comes from: [`SimDevice`] (a simulated GPU with a cost model,
+//!   virtual memory, co-tenants and faults) or [`CudaDevice`] (the CUDA driver via cudarc).
+//! - [`strategy`]: passthrough, caching and block suballocation (TLSF, page-backed slabs).
+//! - [`trace`]: allocation traces (CSV, RMM logs, PyTorch snapshots) and [`trace::replay`];
+//!   [`synth`] workloads; [`compare`] and [`tune`] behind the `adaptalloc` command line.
+//! - [`cudarc_ext`]: cudarc `CudaSlice`s on adaptalloc memory; `capi` (feature `capi`): the C
+//!   ABI for PyTorch's pluggable allocator.
 //!
 //! ```
 //! use std::sync::Arc;
