@@ -548,15 +548,8 @@ impl Shared {
         stream: StreamId,
         dev: &dyn Device,
     ) -> Result<(crate::strategy::Grant, usize), DeviceError> {
-        for (i, s) in st.strategies.iter_mut().enumerate() {
-            let hit = match s {
-                Strategy::Suballoc(sub) => sub.allocate_existing(aligned, stream),
-                Strategy::Caching(c) => c.allocate_cached(dev, aligned, stream),
-                Strategy::Passthrough(_) => None,
-            };
-            if let Some(g) = hit {
-                return Ok((g, i));
-            }
+        if let Some(found) = Self::reuse_without_driver(st, aligned, stream, dev) {
+            return Ok(found);
         }
         let i = st
             .strategies
@@ -577,7 +570,26 @@ impl Shared {
         st.refresh();
     }
 
-    /// Last resorts after out-of-memory: free space in existing slabs (no driver call), then an
+    /// Memory the allocator already holds that fits the request, in any strategy: a hole in a
+    /// slab (best fit) or a waiting cached block of its size. No driver call.
+    #[cold]
+    fn reuse_without_driver(
+        st: &mut State,
+        aligned: u64,
+        stream: StreamId,
+        dev: &dyn Device,
+    ) -> Option<(crate::strategy::Grant, usize)> {
+        st.strategies.iter_mut().enumerate().find_map(|(i, s)| {
+            let hit = match s {
+                Strategy::Suballoc(sub) => sub.allocate_existing(aligned, stream),
+                Strategy::Caching(c) => c.allocate_cached(dev, aligned, stream),
+                Strategy::Passthrough(_) => None,
+            };
+            hit.map(|g| (g, i))
+        })
+    }
+
+    /// Last resorts after out-of-memory: memory already held that fits (no driver call), then an
     /// exact-size driver allocation (a rounded cache block may not fit where the request does).
     #[cold]
     fn allocate_fallback(
@@ -587,12 +599,8 @@ impl Shared {
         stream: StreamId,
         dev: &dyn Device,
     ) -> Option<(crate::strategy::Grant, usize)> {
-        for (i, s) in st.strategies.iter_mut().enumerate() {
-            if let Strategy::Suballoc(sub) = s {
-                if let Some(g) = sub.allocate_existing(aligned, stream) {
-                    return Some((g, i));
-                }
-            }
+        if let Some(found) = Self::reuse_without_driver(st, aligned, stream, dev) {
+            return Some(found);
         }
         let i = st
             .strategies

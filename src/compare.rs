@@ -259,15 +259,19 @@ pub fn compare(traces: &[Trace], opts: &CompareOptions) -> Comparison {
 }
 
 impl Comparison {
+    /// The device size of trace `t` ("80GiB"): its own with a capacity factor, else the shared one.
+    fn capacity_text(&self, t: &TraceResult) -> String {
+        t.capacity_bytes
+            .or(self.capacity_bytes)
+            .map(|c| ByteSize(c).to_string())
+            .unwrap_or_default()
+    }
+
     /// A Markdown table per trace.
     pub fn to_markdown(&self) -> String {
         let mut out = String::new();
         for t in &self.traces {
-            let cap = t
-                .capacity_bytes
-                .or(self.capacity_bytes)
-                .map(|c| ByteSize(c).to_string())
-                .unwrap_or_default();
+            let cap = self.capacity_text(t);
             out += &format!(
                 "### {}\n\n{} events, peak live {}, device {}\n\n",
                 t.trace,
@@ -300,11 +304,7 @@ impl std::fmt::Display for Comparison {
     /// A plain-text table: one block per trace, one row per strategy, ratios to passthrough.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for t in &self.traces {
-            let cap = t
-                .capacity_bytes
-                .or(self.capacity_bytes)
-                .map(|c| ByteSize(c).to_string())
-                .unwrap_or_default();
+            let cap = self.capacity_text(t);
             writeln!(
                 f,
                 "{}: {} events, peak live {}, device {}",
@@ -386,20 +386,7 @@ pub fn timeline(
 /// The smallest capacity on which passthrough completes `trace` on a SimDevice of granularity
 /// `g`: the most device memory its live blocks ever consume at once. Exact, no search.
 pub fn passthrough_min_capacity(trace: &Trace, g: Granularity) -> u64 {
-    let mut sizes = std::collections::HashMap::new();
-    let (mut used, mut peak) = (0u64, 0u64);
-    for e in &trace.events {
-        match e.op {
-            crate::trace::Op::Alloc => {
-                let c = g.consumed(crate::size::align_up(e.size, crate::size::ALIGNMENT));
-                sizes.insert(e.id, c);
-                used += c;
-                peak = peak.max(used);
-            }
-            crate::trace::Op::Free => used -= sizes.remove(&e.id).unwrap_or(0),
-        }
-    }
-    peak
+    trace.peak_by(|size| g.consumed(crate::size::align_up(size, crate::size::ALIGNMENT)))
 }
 
 /// The smallest capacity (within `tolerance`, e.g. 0.005) on which `contender` completes

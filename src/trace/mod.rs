@@ -86,16 +86,23 @@ impl Trace {
 
     /// The most bytes live at once.
     pub fn peak_live_bytes(&self) -> u64 {
-        let mut sizes = std::collections::HashMap::new();
+        self.peak_by(|size| size)
+    }
+
+    /// The most of `cost(size)` summed over the blocks live at once (e.g. the device memory
+    /// their driver allocations would consume).
+    pub fn peak_by(&self, cost: impl Fn(u64) -> u64) -> u64 {
+        let mut costs = std::collections::HashMap::new();
         let (mut live, mut peak) = (0u64, 0u64);
         for e in &self.events {
             match e.op {
                 Op::Alloc => {
-                    sizes.insert(e.id, e.size);
-                    live += e.size;
+                    let c = cost(e.size);
+                    costs.insert(e.id, c);
+                    live += c;
                     peak = peak.max(live);
                 }
-                Op::Free => live -= sizes.remove(&e.id).unwrap_or(0),
+                Op::Free => live -= costs.remove(&e.id).unwrap_or(0),
             }
         }
         peak

@@ -68,7 +68,8 @@ pub fn replay_with(
     let device_before = alloc.device().stats();
     alloc.reset_peaks();
     let start = Instant::now();
-    let mut live: HashMap<u64, (DevicePtr, u64)> = HashMap::with_capacity(1024);
+    // id -> (pointer, stream, allocation sequence number).
+    let mut live: HashMap<u64, (DevicePtr, u64, u64)> = HashMap::with_capacity(1024);
     let mut m = ReplayMetrics::default();
     for _ in 0..opts.repeat.max(1) {
         for e in &trace.events {
@@ -77,13 +78,13 @@ pub fn replay_with(
             match e.op {
                 Op::Alloc => match alloc.allocate_raw(e.size, e.stream) {
                     Ok(ptr) => {
-                        live.insert(e.id, (ptr, e.stream));
+                        live.insert(e.id, (ptr, e.stream, m.events));
                     }
                     Err(_) => m.failed_allocs += 1,
                 },
                 Op::Free => {
                     // Absent when the alloc failed: nothing to free.
-                    if let Some((ptr, stream)) = live.remove(&e.id) {
+                    if let Some((ptr, stream, _)) = live.remove(&e.id) {
                         alloc
                             .deallocate(ptr, stream)
                             .expect("replay frees only what it allocated");
@@ -91,7 +92,11 @@ pub fn replay_with(
                 }
             }
         }
-        for (_, (ptr, stream)) in live.drain() {
+        // Newest first, like a program unwinding; a fixed order keeps replays deterministic
+        // (the map's own order varies from run to run and changes how slabs empty).
+        let mut rest: Vec<(DevicePtr, u64, u64)> = live.drain().map(|(_, v)| v).collect();
+        rest.sort_unstable_by_key(|&(_, _, seq)| std::cmp::Reverse(seq));
+        for (ptr, stream, _) in rest {
             alloc
                 .deallocate(ptr, stream)
                 .expect("replay frees only what it allocated");

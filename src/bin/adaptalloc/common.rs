@@ -31,6 +31,18 @@ impl CapacityArgs {
     }
 }
 
+/// How traces are replayed: repeats and a co-tenant.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ReplayArgs {
+    /// Replay each trace N times back to back (N training steps; blocks still live at the end
+    /// of a pass are freed between passes).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// A co-tenant, e.g. 2GiB@0.3..0.6: takes 2 GiB at 30% of the events, frees it at 60%.
+    #[arg(long)]
+    pub tenant: Option<adaptalloc::compare::TenantSpec>,
+}
+
 /// Traces from files (CSV, RMM log or PyTorch snapshot, told apart by content), or the bundled
 /// synthetic workloads when no file is given.
 pub fn load_traces(paths: &[PathBuf], lenient: bool) -> anyhow::Result<Vec<Trace>> {

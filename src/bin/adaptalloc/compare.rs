@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
-use adaptalloc::compare::{CompareOptions, TenantSpec, compare};
+use adaptalloc::compare::{CompareOptions, compare};
 use anyhow::{Context, bail};
 
-use crate::common::{CapacityArgs, contenders, emit, load_traces};
+use crate::common::{CapacityArgs, ReplayArgs, contenders, emit, load_traces};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -16,12 +16,8 @@ pub struct Args {
     strategies: Vec<String>,
     #[command(flatten)]
     capacity: CapacityArgs,
-    /// Replay each trace N times back to back (N training steps).
-    #[arg(long, default_value_t = 1)]
-    repeat: u32,
-    /// A co-tenant, e.g. 2GiB@0.3..0.6: takes 2 GiB at 30% of the events, frees it at 60%.
-    #[arg(long)]
-    tenant: Option<TenantSpec>,
+    #[command(flatten)]
+    run: ReplayArgs,
     /// Output format: text, markdown or json.
     #[arg(long, default_value = "text")]
     format: String,
@@ -43,8 +39,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = CompareOptions {
         contenders: contenders(&args.strategies)?,
         capacity: args.capacity.capacity()?,
-        repeat: args.repeat.max(1),
-        tenant: args.tenant,
+        repeat: args.run.repeat.max(1),
+        tenant: args.run.tenant,
         ..Default::default()
     };
     let traces = load_traces(&args.traces, args.lenient)?;

@@ -3,15 +3,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use adaptalloc::compare::{Capacity, Contender, TenantSpec};
+use adaptalloc::compare::Contender;
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
-use adaptalloc::size::round_up;
 use adaptalloc::trace::{ReplayOptions, load, replay_with};
 use adaptalloc::{Allocator, size::ByteSize};
 use anyhow::Context;
 
-use crate::common::CapacityArgs;
+use crate::common::{CapacityArgs, ReplayArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -25,12 +24,8 @@ pub struct Args {
     strategy: Option<String>,
     #[command(flatten)]
     capacity: CapacityArgs,
-    /// Replay the trace N times back to back.
-    #[arg(long, default_value_t = 1)]
-    repeat: u32,
-    /// A co-tenant, e.g. 2GiB@0.3..0.6.
-    #[arg(long)]
-    tenant: Option<TenantSpec>,
+    #[command(flatten)]
+    run: ReplayArgs,
     /// Write the tuning report here (.toml, .json or .md by extension).
     #[arg(long)]
     report: Option<PathBuf>,
@@ -41,16 +36,11 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let trace = load(&args.trace, args.lenient)?;
-    let capacity = match args.capacity.capacity()? {
-        Capacity::Bytes(b) => b,
-        Capacity::Factor(f) => {
-            let granule = Granularity::default().large_granule;
-            round_up((trace.peak_live_bytes() as f64 * f).ceil() as u64, granule).max(granule)
-        }
-    };
-    let repeat = args.repeat.max(1);
+    let granule = Granularity::default().large_granule;
+    let capacity = args.capacity.capacity()?.bytes_for(trace.peak_live_bytes(), granule);
+    let repeat = args.run.repeat.max(1);
     let events = trace.events.len() as u64 * repeat as u64;
-    let script = args.tenant.map(|t| t.script(events)).unwrap_or_default();
+    let script = args.run.tenant.map(|t| t.script(events)).unwrap_or_default();
     let dev = Arc::new(SimDevice::builder().capacity(capacity).tenants(script).build());
     let device: Arc<dyn Device> = dev.clone();
     let alloc = match (&args.policy, &args.strategy) {
