@@ -48,6 +48,7 @@ pub mod device;
 pub mod error;
 pub(crate) mod hash;
 pub mod policy;
+pub(crate) mod ptrtable;
 pub mod report;
 pub mod rng;
 pub mod size;

@@ -3,8 +3,8 @@
 //! synchronized). The idle bytes kept may be bounded; least recently freed blocks go first.
 //!
 //! Data structure: an arena of cached-block nodes, each on two doubly linked lists: its bin's
-//! list (most recently freed first) and the global LRU list. Hit, insert and trim are O(1)
-//! apart from one hash lookup of the bin.
+//! list (most recently freed first) and the global LRU list. Hit, insert and trim are O(1);
+//! a hit costs one hash lookup of its bin, a free none (the live block names its bin).
 
 use serde::{Deserialize, Serialize};
 
@@ -42,11 +42,19 @@ const NIL: u32 = u32::MAX;
 /// synchronized.
 type BinKey = (Option<StreamId>, u64);
 
+/// The cached blocks of one (stream, size), most recently freed first.
+#[derive(Debug, Clone, Copy)]
+struct Bin {
+    key: BinKey,
+    head: u32,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Node {
     ptr: DevicePtr,
     bytes: u64,
-    stream: Option<StreamId>,
+    /// The bin whose list holds it.
+    bin: u32,
     /// The operation count when it was cached, for ageing.
     freed_at: u64,
     bin_prev: u32,
@@ -59,13 +67,18 @@ struct Node {
 pub struct Caching {
     config: CachingConfig,
     nodes: Slots<Node>,
-    /// Head (most recently freed) of each bin's list.
-    bins: FastMap<BinKey, u32>,
+    /// Bins by index. A bin lives as long as the strategy (one per distinct (stream, size) seen,
+    /// 24 bytes each), so a live block can name its bin in its [`BlockMeta`] and be cached again
+    /// with no lookup.
+    bins: Vec<Bin>,
+    bin_of: FastMap<BinKey, u32>,
     /// Most recently freed block; `lru_tail` is the least recently freed.
     lru_head: u32,
     lru_tail: u32,
     reserved: u64,
     idle: u64,
+    /// The last (request, block size) of granule rounding.
+    last_rounded: (u64, u64),
 }
 
 impl Caching {
@@ -73,11 +86,13 @@ impl Caching {
         Caching {
             config,
             nodes: Slots::new(),
-            bins: FastMap::default(),
+            bins: Vec::new(),
+            bin_of: FastMap::default(),
             lru_head: NIL,
             lru_tail: NIL,
             reserved: 0,
             idle: 0,
+            last_rounded: (0, 0),
         }
     }
 
@@ -93,68 +108,115 @@ impl Caching {
         }
     }
 
-    /// The block size a request of `bytes` gets.
+    /// The block size a request of `bytes` gets. Granule rounding asks the device (two dynamic
+    /// calls), so the last answer is kept: repeated sizes cost one compare.
     #[inline]
-    pub fn block_size(&self, dev: &dyn Device, bytes: u64) -> u64 {
+    pub fn block_size(&mut self, dev: &dyn Device, bytes: u64) -> u64 {
         match self.config.rounding {
             Rounding::LogLinear => class::size(class::of(bytes)),
-            Rounding::Granule => dev.footprint(bytes).max(bytes),
+            Rounding::Granule if self.last_rounded.0 == bytes => self.last_rounded.1,
+            Rounding::Granule => {
+                let block = dev.footprint(bytes).max(bytes);
+                self.last_rounded = (bytes, block);
+                block
+            }
         }
     }
 
-    /// Fast path on a hit: one hash lookup and two list unlinks (~30 ns).
     pub(super) fn allocate(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
         match self.allocate_cached(dev, bytes, stream) {
             Some(g) => Ok(g),
-            None => self.allocate_slow(dev, self.block_size(dev, bytes)),
+            None => {
+                let block_bytes = self.block_size(dev, bytes);
+                self.allocate_slow(dev, block_bytes, stream)
+            }
         }
     }
 
     /// A cached block for `bytes` if one is waiting; never calls the driver.
+    /// Cost on a hit from the stream's own bin: one hash lookup and two O(1) list unlinks.
+    #[inline]
     pub fn allocate_cached(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Option<Grant> {
         let block_bytes = self.block_size(dev, bytes);
-        for key in [(Some(stream), block_bytes), (None, block_bytes)] {
-            if let Some(&head) = self.bins.get(&key) {
-                let node = self.nodes[head];
-                self.unlink(head);
-                self.idle -= block_bytes;
-                return Some(Grant {
-                    ptr: node.ptr,
-                    block_bytes,
-                    hit: true,
-                    meta: BlockMeta::Cached,
-                });
+        let own = self.bin_of.get(&(Some(stream), block_bytes)).copied();
+        if let Some(b) = own {
+            if self.bins[b as usize].head != NIL {
+                return Some(self.take(b, b));
             }
         }
-        None
+        self.allocate_shared(own, block_bytes, stream)
+    }
+
+    /// A block from the shared pool (blocks whose stream was synchronized).
+    #[cold]
+    fn allocate_shared(&mut self, own: Option<u32>, block_bytes: u64, stream: StreamId) -> Option<Grant> {
+        let shared = *self.bin_of.get(&(None, block_bytes))?;
+        if self.bins[shared as usize].head == NIL {
+            return None;
+        }
+        let home = own.unwrap_or_else(|| self.bin_for((Some(stream), block_bytes)));
+        Some(self.take(shared, home))
+    }
+
+    /// Takes the head of bin `from`; the block returns to bin `home` when freed.
+    #[inline]
+    fn take(&mut self, from: u32, home: u32) -> Grant {
+        let idx = self.bins[from as usize].head;
+        let node = self.nodes[idx];
+        self.unlink(idx);
+        self.idle -= node.bytes;
+        Grant {
+            ptr: node.ptr,
+            block_bytes: node.bytes,
+            hit: true,
+            meta: BlockMeta::Cached { bin: home },
+        }
+    }
+
+    /// The index of the bin for `key`, made if new.
+    fn bin_for(&mut self, key: BinKey) -> u32 {
+        let next = self.bins.len() as u32;
+        let b = *self.bin_of.entry(key).or_insert(next);
+        if b == next {
+            self.bins.push(Bin { key, head: NIL });
+        }
+        b
     }
 
     #[cold]
-    fn allocate_slow(&mut self, dev: &dyn Device, block_bytes: u64) -> Result<Grant, DeviceError> {
+    fn allocate_slow(&mut self, dev: &dyn Device, block_bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
         let ptr = dev.allocate(block_bytes)?;
         self.reserved += block_bytes;
         Ok(Grant {
             ptr,
             block_bytes,
             hit: false,
-            meta: BlockMeta::Cached,
+            meta: BlockMeta::Cached {
+                bin: self.bin_for((Some(stream), block_bytes)),
+            },
         })
     }
 
-    /// Caches the block at the head of its bin and of the LRU list (O(1)), then trims to the
-    /// bound. `now` is the allocator's operation count, for ageing.
+    /// Caches the block at the head of its bin (named by `meta`) and of the LRU list (O(1), no
+    /// lookup), then trims to the bound. `now` is the allocator's operation count, for ageing.
     pub(super) fn deallocate(
         &mut self,
         dev: &dyn Device,
         ptr: DevicePtr,
         block_bytes: u64,
+        meta: BlockMeta,
         stream: StreamId,
         now: u64,
     ) {
+        let bin = match meta {
+            BlockMeta::Cached { bin } => bin,
+            _ => self.bin_for((Some(stream), block_bytes)),
+        };
+        debug_assert_eq!(self.bins[bin as usize].key, (Some(stream), block_bytes));
         let idx = self.nodes.insert(Node {
             ptr,
             bytes: block_bytes,
-            stream: Some(stream),
+            bin,
             freed_at: now,
             bin_prev: NIL,
             bin_next: NIL,
@@ -196,13 +258,19 @@ impl Caching {
         released
     }
 
+    /// Moves the blocks cached on `stream` to the shared pool, keeping their age.
     pub(super) fn synchronize_stream(&mut self, stream: StreamId) {
-        let keys: Vec<BinKey> = self.bins.keys().copied().filter(|k| k.0 == Some(stream)).collect();
-        for key in keys {
-            while let Some(&head) = self.bins.get(&key) {
+        for b in 0..self.bins.len() {
+            let (s, bytes) = self.bins[b].key;
+            if s != Some(stream) {
+                continue;
+            }
+            let shared = self.bin_for((None, bytes));
+            while self.bins[b].head != NIL {
+                let head = self.bins[b].head;
                 let mut node = self.nodes[head];
                 self.unlink(head);
-                node.stream = None;
+                node.bin = shared;
                 let idx = self.nodes.insert(node);
                 self.link(idx);
             }
@@ -218,7 +286,12 @@ impl Caching {
     }
 
     pub(super) fn largest_free_block(&self) -> u64 {
-        self.bins.keys().map(|k| k.1).max().unwrap_or(0)
+        self.bins
+            .iter()
+            .filter(|b| b.head != NIL)
+            .map(|b| b.key.1)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Number of cached blocks.
@@ -227,9 +300,10 @@ impl Caching {
     }
 
     /// Puts node `idx` at the head of its bin and of the LRU list.
+    #[inline]
     fn link(&mut self, idx: u32) {
-        let key = (self.nodes[idx].stream, self.nodes[idx].bytes);
-        let old_head = self.bins.insert(key, idx).unwrap_or(NIL);
+        let bin = self.nodes[idx].bin as usize;
+        let old_head = std::mem::replace(&mut self.bins[bin].head, idx);
         let lru_head = self.lru_head;
         {
             let n = &mut self.nodes[idx];
@@ -250,14 +324,13 @@ impl Caching {
     }
 
     /// Removes node `idx` from both lists and frees its slot.
+    #[inline]
     fn unlink(&mut self, idx: u32) {
         let n = self.nodes[idx];
         if n.bin_prev != NIL {
             self.nodes[n.bin_prev].bin_next = n.bin_next;
-        } else if n.bin_next != NIL {
-            self.bins.insert((n.stream, n.bytes), n.bin_next);
         } else {
-            self.bins.remove(&(n.stream, n.bytes));
+            self.bins[n.bin as usize].head = n.bin_next;
         }
         if n.bin_next != NIL {
             self.nodes[n.bin_next].bin_prev = n.bin_prev;

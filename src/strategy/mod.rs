@@ -50,12 +50,14 @@ impl std::fmt::Display for StrategyKind {
 }
 
 /// Where a live block came from inside its strategy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BlockMeta {
     /// A driver allocation of its own (passthrough).
+    #[default]
     Direct,
-    /// A cached block (its size is the grant's `block_bytes`).
-    Cached,
+    /// A cached block (its size is the grant's `block_bytes`); the index of the bin it returns
+    /// to when freed.
+    Cached { bin: u32 },
     /// A block carved from a slab; the index of its node in the suballocator.
     Sub { node: u32 },
 }
@@ -114,7 +116,7 @@ impl Strategy {
     ) {
         match self {
             Strategy::Passthrough(s) => s.deallocate(dev, ptr, block_bytes),
-            Strategy::Caching(s) => s.deallocate(dev, ptr, block_bytes, stream, now),
+            Strategy::Caching(s) => s.deallocate(dev, ptr, block_bytes, meta, stream, now),
             Strategy::Suballoc(s) => s.deallocate(dev, meta, stream, now),
         }
     }
@@ -164,6 +166,16 @@ impl Strategy {
             Strategy::Passthrough(s) => s.reserved_bytes(),
             Strategy::Caching(s) => s.reserved_bytes(),
             Strategy::Suballoc(s) => s.reserved_bytes(),
+        }
+    }
+
+    /// (reserved, idle) bytes in one dispatch, for the allocator's fast paths.
+    #[inline]
+    pub fn held_bytes(&self) -> (u64, u64) {
+        match self {
+            Strategy::Passthrough(s) => (s.reserved_bytes(), 0),
+            Strategy::Caching(s) => (s.reserved_bytes(), s.idle_bytes()),
+            Strategy::Suballoc(s) => (s.reserved_bytes(), s.idle_bytes()),
         }
     }
 

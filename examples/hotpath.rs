@@ -1,0 +1,61 @@
+//! The allocator's hot paths in a loop, for instruction counts under
+//! `valgrind --tool=callgrind target/release/examples/hotpath [pair|churn] [N]`
+//! (instruction counts repeat exactly on a noisy machine, unlike timings).
+
+use std::sync::Arc;
+
+use adaptalloc::device::CostModel;
+use adaptalloc::rng::SplitMix64;
+use adaptalloc::{Allocator, SimDevice, StrategyKind};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let what = args.next().unwrap_or_else(|| "pair".into());
+    let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let device = Arc::new(
+        SimDevice::builder()
+            .capacity(1 << 44)
+            .cost_model(CostModel::zero())
+            .build(),
+    );
+    match what.as_str() {
+        "pair" => {
+            let alloc = Allocator::adaptive(device);
+            for _ in 0..n {
+                let p = alloc.allocate_raw(std::hint::black_box(65536), 0).expect("allocate");
+                alloc.deallocate(p, 0).expect("free");
+            }
+        }
+        "churn" => {
+            let alloc = Allocator::with_strategy(device, StrategyKind::Suballoc);
+            let mut rng = SplitMix64(42);
+            let mut slots: Vec<u64> = (0..256)
+                .map(|_| alloc.allocate_raw(4096, 0).expect("allocate"))
+                .collect();
+            for _ in 0..n {
+                let bits = 8 + rng.below(19);
+                let size = (1u64 << bits) + rng.below(1 << bits) / 2 / 256 * 256;
+                let slot = rng.below(256) as usize;
+                alloc.deallocate(slots[slot], 0).expect("free");
+                slots[slot] = alloc.allocate_raw(size, 0).expect("allocate");
+            }
+            for p in slots {
+                alloc.deallocate(p, 0).expect("free");
+            }
+        }
+        "lock" => {
+            // The floor under every allocator call: an uncontended lock and unlock, twice a pair.
+            let m = parking_lot::Mutex::new(0u64);
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                *m.lock() += 1;
+                *m.lock() += 1;
+            }
+            println!(
+                "two lock/unlock pairs: {:.1} ns",
+                t.elapsed().as_nanos() as f64 / n as f64
+            );
+        }
+        other => eprintln!("unknown workload {other}: pair, churn or lock"),
+    }
+}
