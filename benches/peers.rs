@@ -1,10 +1,13 @@
 //! adaptalloc beside peer allocators in the same run: allocate+free pairs, churn (N live blocks,
 //! one replaced at random) and threads on one allocator. Zero-cost SimDevice, so only allocator
-//! work is timed. Peers: offset-allocator 0.2 (O(1) TLSF over offsets) and range-alloc; both are
+//! work is timed. Peers: offset-allocator 0.2 (O(1) TLSF over offsets) and range-alloc, both
 //! single-threaded `&mut` structures with no lock, while every adaptalloc call takes its lock and
-//! keeps statistics. Sizes are in 256-byte units for offset-allocator (it counts in u32).
+//! keeps statistics; with `--features peers`, gpu-alloc 0.6 over SimDevice (behind a mutex and a
+//! pointer map, as a usable GPU allocator needs). Sizes are in 256-byte units for
+//! offset-allocator (it counts in u32).
 //!
-//! `cargo bench --bench peers`; `scripts/benchmarks.sh` turns the results into BENCHMARKS.md.
+//! `cargo bench --features peers --bench peers`; `scripts/benchmarks.sh` turns the results into
+//! BENCHMARKS.md.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -59,6 +62,19 @@ fn pairs(c: &mut Criterion) {
                 oa.free(a);
             })
         });
+        #[cfg(feature = "peers")]
+        {
+            use adaptalloc::trace::ReplayTarget;
+            let ga = adaptalloc::peers::GpuAllocPeer::new(device());
+            let keep = ga.allocate(size, 0).unwrap();
+            g.bench_function(format!("gpu-alloc/{size}"), |b| {
+                b.iter(|| {
+                    let p = ga.allocate(black_box(size), 0).unwrap();
+                    ga.deallocate(p, 0);
+                })
+            });
+            ga.deallocate(keep, 0);
+        }
         let mut ra = range_alloc::RangeAllocator::new(0u64..1 << 44);
         g.bench_function(format!("range-alloc/{size}"), |b| {
             b.iter(|| {
@@ -119,6 +135,21 @@ fn churn(c: &mut Criterion) {
             slots[slot] = oa.allocate((size / 256) as u32).unwrap();
         })
     });
+    #[cfg(feature = "peers")]
+    {
+        use adaptalloc::trace::ReplayTarget;
+        let ga = adaptalloc::peers::GpuAllocPeer::new(device());
+        let mut slots: Vec<u64> = (0..LIVE).map(|_| ga.allocate(4096, 0).unwrap()).collect();
+        let mut i = 0;
+        g.bench_function("gpu-alloc", |b| {
+            b.iter(|| {
+                let (slot, size) = ops[i % ops.len()];
+                i += 1;
+                ga.deallocate(slots[slot], 0);
+                slots[slot] = ga.allocate(size, 0).unwrap();
+            })
+        });
+    }
     let mut ra = range_alloc::RangeAllocator::new(0u64..1 << 44);
     let mut slots: Vec<_> = (0..LIVE).map(|_| ra.allocate_range(4096).unwrap()).collect();
     let mut i = 0;

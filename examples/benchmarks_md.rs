@@ -78,18 +78,19 @@ fn main() {
 
     println!("## Allocate + free pairs (ns, mean)\n");
     println!(
-        "| size | adaptive (cache hit) | caching | suballoc | passthrough | offset-allocator | range-alloc | adaptive / offset-allocator | adaptive / passthrough |"
+        "| size | adaptive (cache hit) | caching | suballoc | passthrough | offset-allocator | range-alloc | gpu-alloc | adaptive / offset-allocator | adaptive / passthrough |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for size in [256u64, 65536, 4194304, 67108864] {
         let get = |n: &str| means.get(&format!("pair/{n}_{size}")).copied().unwrap_or(f64::NAN);
         let (a, o, p) = (get("adaptive"), get("offset-allocator"), get("passthrough"));
         println!(
-            "| {} | {a:.0} | {:.0} | {:.0} | {p:.0} | {o:.0} | {:.0} | {:.2} | {:.2} |",
+            "| {} | {a:.0} | {:.0} | {:.0} | {p:.0} | {o:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
             ByteSize(size),
             get("caching"),
             get("suballoc"),
             get("range-alloc"),
+            get("gpu-alloc"),
             a / o,
             a / p
         );
@@ -97,7 +98,14 @@ fn main() {
     println!("\n## Churn: 256 live blocks, one replaced at random (ns per replacement, mean; sizes 256 B .. 64 MiB)\n");
     let oa = means.get("churn/offset-allocator").copied().unwrap_or(f64::NAN);
     println!("| allocator | ns | / offset-allocator |\n|---|---|---|");
-    for n in ["adaptive", "suballoc", "caching", "offset-allocator", "range-alloc"] {
+    for n in [
+        "adaptive",
+        "suballoc",
+        "caching",
+        "offset-allocator",
+        "range-alloc",
+        "gpu-alloc",
+    ] {
         let v = means.get(&format!("churn/{n}")).copied().unwrap_or(f64::NAN);
         println!("| {n} | {v:.0} | {:.2} |", v / oa);
     }
@@ -127,7 +135,12 @@ fn main() {
         };
         let result = compare(&traces, &opts);
         println!("### {label}\n");
-        println!("| trace | passthrough | caching | suballoc | adaptive |\n|---|---|---|---|---|");
+        let names: Vec<&str> = Contender::all().iter().map(|c| c.name()).collect();
+        println!(
+            "| trace | {} | adaptive / best other that completes |\n|---|{}---|",
+            names.join(" | "),
+            "---|".repeat(names.len())
+        );
         for t in &result.traces {
             let cells: Vec<String> = t
                 .results
@@ -146,16 +159,33 @@ fn main() {
                     )
                 })
                 .collect();
-            println!("| {} | {} |", t.trace, cells.join(" | "));
+            let calls = |r: &adaptalloc::compare::StrategyResult| (r.driver_allocs + r.driver_frees) as f64;
+            let adaptive = t.results.iter().find(|r| r.strategy == "adaptive");
+            let best = t
+                .results
+                .iter()
+                .filter(|r| r.strategy != "adaptive" && r.completed)
+                .map(calls)
+                .fold(f64::INFINITY, f64::min);
+            let ratio = match adaptive {
+                Some(a) if best.is_finite() => format!("{:.2}", calls(a) / best.max(1.0)),
+                _ => "-".into(),
+            };
+            println!("| {} | {} | {ratio} |", t.trace, cells.join(" | "));
         }
         println!();
     }
     println!("## Sweep: the smallest device on which each strategy completes each trace (x peak live)\n");
-    println!("| trace | peak live | passthrough | caching | suballoc | adaptive |\n|---|---|---|---|---|---|");
+    let names: Vec<&str> = Contender::all().iter().map(|c| c.name()).collect();
+    println!(
+        "| trace | peak live | {} |\n|---|---|{}",
+        names.join(" | "),
+        "---|".repeat(names.len())
+    );
     let opts = CompareOptions::default();
     for t in &traces {
         let peak = t.peak_live_bytes();
-        let cells: Vec<String> = Contender::ALL
+        let cells: Vec<String> = Contender::all()
             .iter()
             .map(|&c| match min_capacity(t, c, &opts, 0.005, peak.saturating_mul(64)) {
                 Some(b) => format!("{:.3}", b as f64 / peak as f64),

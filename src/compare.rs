@@ -10,7 +10,7 @@ use crate::device::{CostModel, Device, Granularity, SimDevice, TenantAction};
 use crate::policy::Policy;
 use crate::size::{ByteSize, GIB, round_up};
 use crate::strategy::{CachingConfig, StrategyKind};
-use crate::trace::{ReplayOptions, Trace, replay_with};
+use crate::trace::{ReplayOptions, ReplayTarget, Trace, replay_with};
 
 /// The device capacity of a comparison.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -49,6 +49,10 @@ pub enum Contender {
     Suballoc,
     /// The policy engine with the built-in default policy (zero configuration).
     Adaptive,
+    /// gpu-alloc 0.6, a peer ([`crate::peers`]; `peers` feature).
+    #[cfg(feature = "peers")]
+    #[serde(rename = "gpu-alloc")]
+    GpuAlloc,
 }
 
 impl Contender {
@@ -61,22 +65,59 @@ impl Contender {
     /// The single fixed strategies (no engine).
     pub const FIXED: [Contender; 3] = [Contender::Passthrough, Contender::Caching, Contender::Suballoc];
 
+    /// Peer allocators compiled in (the `peers` feature).
+    #[cfg(feature = "peers")]
+    pub const PEERS: [Contender; 1] = [Contender::GpuAlloc];
+    #[cfg(not(feature = "peers"))]
+    pub const PEERS: [Contender; 0] = [];
+
+    /// Ours, then the peers compiled in.
+    pub fn all() -> Vec<Contender> {
+        Self::ALL.into_iter().chain(Self::PEERS).collect()
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Contender::Passthrough => "passthrough",
             Contender::Caching => "caching",
             Contender::Suballoc => "suballoc",
             Contender::Adaptive => "adaptive",
+            #[cfg(feature = "peers")]
+            Contender::GpuAlloc => "gpu-alloc",
         }
     }
 
     pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.name() == name)
+        Self::all().into_iter().find(|c| c.name() == name)
     }
 
-    /// A fresh allocator of this kind on `dev`.
-    pub fn build(self, dev: Arc<dyn Device>) -> Allocator {
-        match self {
+    /// The names `parse` knows, comma-separated (for error messages).
+    pub fn known() -> String {
+        Self::all().iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// What a replay drives: [`build`](Contender::build)'s allocator, or the peer.
+    pub fn target(self, dev: Arc<dyn Device>) -> Box<dyn ReplayTarget> {
+        match self.build(dev.clone()) {
+            Some(alloc) => Box::new(alloc),
+            None => self.peer(dev),
+        }
+    }
+
+    #[cfg(feature = "peers")]
+    fn peer(self, dev: Arc<dyn Device>) -> Box<dyn ReplayTarget> {
+        Box::new(crate::peers::GpuAllocPeer::new(dev))
+    }
+
+    #[cfg(not(feature = "peers"))]
+    fn peer(self, dev: Arc<dyn Device>) -> Box<dyn ReplayTarget> {
+        // Without peers every contender is ours and `build` never returns None.
+        Box::new(Allocator::adaptive(dev))
+    }
+
+    /// A fresh adaptalloc allocator of this kind on `dev`; `None` for a peer allocator.
+    pub fn build(self, dev: Arc<dyn Device>) -> Option<Allocator> {
+        Some(match self {
             Contender::Passthrough => Allocator::new(dev, AllocatorConfig::new(StrategyConfig::Passthrough)),
             Contender::Caching => Allocator::new(
                 dev,
@@ -93,7 +134,9 @@ impl Contender {
                 AllocatorConfig::new(StrategyConfig::default_for(StrategyKind::Suballoc)),
             ),
             Contender::Adaptive => Allocator::with_policy(dev, Policy::default()),
-        }
+            #[cfg(feature = "peers")]
+            Contender::GpuAlloc => return None,
+        })
     }
 }
 
@@ -189,7 +232,7 @@ pub struct CompareOptions {
 impl Default for CompareOptions {
     fn default() -> Self {
         CompareOptions {
-            contenders: Contender::ALL.to_vec(),
+            contenders: Contender::all(),
             capacity: Capacity::default(),
             repeat: 1,
             cost_model: CostModel::default(),
@@ -200,7 +243,12 @@ impl Default for CompareOptions {
 
 /// A fresh SimDevice of `capacity` bytes (with the co-tenant of `opts` scripted over `events`
 /// events) and a `contender` allocator on it.
-fn setup(contender: Contender, capacity: u64, opts: &CompareOptions, events: u64) -> (Arc<SimDevice>, Allocator) {
+fn setup(
+    contender: Contender,
+    capacity: u64,
+    opts: &CompareOptions,
+    events: u64,
+) -> (Arc<SimDevice>, Box<dyn ReplayTarget>) {
     let script = opts.tenant.map(|t| t.script(events)).unwrap_or_default();
     let dev = Arc::new(
         SimDevice::builder()
@@ -209,7 +257,7 @@ fn setup(contender: Contender, capacity: u64, opts: &CompareOptions, events: u64
             .tenants(script)
             .build(),
     );
-    let alloc = contender.build(dev.clone() as Arc<dyn Device>);
+    let alloc = contender.target(dev.clone() as Arc<dyn Device>);
     (dev, alloc)
 }
 
@@ -217,7 +265,7 @@ fn setup(contender: Contender, capacity: u64, opts: &CompareOptions, events: u64
 pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions) -> StrategyResult {
     let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
     let (dev, alloc) = setup(contender, capacity, opts, events);
-    let m = replay_with(trace, &alloc, ReplayOptions { repeat: opts.repeat }, |i| {
+    let m = replay_with(trace, &*alloc, ReplayOptions { repeat: opts.repeat }, |i| {
         dev.advance_clock(i)
     });
     StrategyResult {
@@ -368,15 +416,15 @@ pub fn timeline(
     let every = (events / points.max(1)).max(1);
     let (dev, alloc) = setup(contender, capacity, opts, events);
     let mut out = Vec::with_capacity(points as usize + 1);
-    replay_with(trace, &alloc, ReplayOptions { repeat: opts.repeat }, |i| {
+    replay_with(trace, &*alloc, ReplayOptions { repeat: opts.repeat }, |i| {
         dev.advance_clock(i);
         if i % every == 0 {
-            let s = alloc.stats();
+            let s = alloc.counters();
             out.push(MemoryPoint {
                 event: i,
-                live_bytes: s.live_bytes.current,
-                reserved_bytes: s.reserved_bytes.current,
-                idle_bytes: s.idle_bytes.current,
+                live_bytes: s.live_bytes,
+                reserved_bytes: s.reserved_bytes,
+                idle_bytes: s.idle_bytes,
             });
         }
     });

@@ -116,7 +116,7 @@ fn child() {
     let spec = WorkloadSpec::bundled("small-churn").unwrap();
     let trace = spec.generate(spec.seed);
     for c in adaptalloc::compare::Contender::ALL {
-        let alloc = c.build(dev.clone());
+        let alloc = c.build(dev.clone()).expect("ours, not a peer");
         let m = replay(&trace, &alloc);
         assert_eq!(m.failed_allocs, 0, "{}", c.name());
         drop(alloc);
@@ -124,7 +124,7 @@ fn child() {
     }
     // The allocator's out-of-memory path on a real driver error: it releases, retries, and
     // then reports the request with live and reserved bytes; and stays usable.
-    let alloc = Contender::Adaptive.build(dev.clone());
+    let alloc = Contender::Adaptive.build(dev.clone()).expect("ours, not a peer");
     let hold = alloc.allocate(CAPACITY / 2, 0).unwrap();
     match alloc.allocate(CAPACITY * 3 / 4, 0) {
         Err(AllocError::OutOfMemory { .. }) => {}

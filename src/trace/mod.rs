@@ -39,7 +39,7 @@ pub fn load(path: &std::path::Path, lenient: bool) -> Result<Trace, crate::Trace
             .into(),
     })
 }
-pub use replay::{ReplayMetrics, ReplayOptions, replay, replay_with};
+pub use replay::{ReplayMetrics, ReplayOptions, ReplayTarget, TargetCounters, replay, replay_with};
 
 use serde::Serialize;
 

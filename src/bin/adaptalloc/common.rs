@@ -64,13 +64,12 @@ pub fn load_traces(paths: &[PathBuf], lenient: bool) -> anyhow::Result<Vec<Trace
 /// Strategy names from a comma-separated list (all of them when empty).
 pub fn contenders(names: &[String]) -> anyhow::Result<Vec<Contender>> {
     if names.is_empty() {
-        return Ok(Contender::ALL.to_vec());
+        return Ok(Contender::all());
     }
     names
         .iter()
         .map(|s| {
-            Contender::parse(s.trim())
-                .with_context(|| format!("unknown strategy {s:?}; known: passthrough, caching, suballoc, adaptive"))
+            Contender::parse(s.trim()).with_context(|| format!("unknown strategy {s:?}; known: {}", Contender::known()))
         })
         .collect()
 }

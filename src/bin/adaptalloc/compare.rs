@@ -11,7 +11,7 @@ use crate::common::{CapacityArgs, ReplayArgs, contenders, emit, load_traces};
 pub struct Args {
     /// Traces (CSV, RMM log or PyTorch snapshot); with none, the bundled synthetic workloads.
     traces: Vec<PathBuf>,
-    /// Comma-separated strategies: passthrough, caching, suballoc, adaptive. Default: all.
+    /// Comma-separated strategies: passthrough, caching, suballoc, adaptive, and gpu-alloc when built with the `peers` feature. Default: all.
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<String>,
     #[command(flatten)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use adaptalloc::compare::Contender;
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
-use adaptalloc::trace::{ReplayOptions, load, replay_with};
+use adaptalloc::trace::{ReplayOptions, ReplayTarget, load, replay_with};
 use adaptalloc::{Allocator, size::ByteSize};
 use anyhow::Context;
 
@@ -43,15 +43,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let script = args.run.tenant.map(|t| t.script(events)).unwrap_or_default();
     let dev = Arc::new(SimDevice::builder().capacity(capacity).tenants(script).build());
     let device: Arc<dyn Device> = dev.clone();
-    let alloc = match (&args.policy, &args.strategy) {
-        (_, Some(name)) => Contender::parse(name)
-            .with_context(|| format!("unknown strategy {name:?}; known: passthrough, caching, suballoc, adaptive"))?
-            .build(device),
-        (Some(p), None) => Allocator::with_policy(device, Policy::load(p)?),
-        (None, None) => Allocator::adaptive(device),
+    // `ours` is None for a peer allocator (no tuning report).
+    let (target, ours): (Box<dyn ReplayTarget>, Option<Allocator>) = match (&args.policy, &args.strategy) {
+        (_, Some(name)) => {
+            let c = Contender::parse(name)
+                .with_context(|| format!("unknown strategy {name:?}; known: {}", Contender::known()))?;
+            match c.build(device.clone()) {
+                Some(a) => (Box::new(a.clone()), Some(a)),
+                None => (c.target(device), None),
+            }
+        }
+        (Some(p), None) => {
+            let a = Allocator::with_policy(device, Policy::load(p)?);
+            (Box::new(a.clone()), Some(a))
+        }
+        (None, None) => {
+            let a = Allocator::adaptive(device);
+            (Box::new(a.clone()), Some(a))
+        }
     };
     let m = crate::progress::with_spinner("replaying", || {
-        replay_with(&trace, &alloc, ReplayOptions { repeat }, |i| dev.advance_clock(i))
+        replay_with(&trace, &*target, ReplayOptions { repeat }, |i| dev.advance_clock(i))
     });
     let mut text = format!(
         "{}: {} events on {}: {} failed allocations, {} driver allocations + {} frees, modelled driver time {:.1} ms, \
@@ -72,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             String::new()
         }
     );
-    match alloc.report() {
+    match ours.and_then(|a| a.report()) {
         Some(report) => {
             text += &format!("\n{report}");
             if let Some(path) = &args.report {
