@@ -18,9 +18,9 @@ use adaptalloc::{AllocError, CudaDevice, Device, DeviceError};
 const CHILD: &str = "ADAPTALLOC_STUB_CUDA_CHILD";
 const CAPACITY: u64 = 96 << 20;
 
-fn build_stub() -> Result<PathBuf, String> {
+fn build_stub(tag: &str) -> Result<PathBuf, String> {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/stub/libcuda.c");
-    let dir = std::env::temp_dir().join(format!("adaptalloc-stub-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("adaptalloc-stub-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let lib = dir.join("libcuda.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -45,7 +45,7 @@ fn cuda_device_runs_on_a_stub_libcuda() {
         common::skip("a real CUDA driver is present; the stub test runs where there is none");
         return;
     }
-    let dir = match build_stub() {
+    let dir = match build_stub("device") {
         Ok(d) => d,
         Err(e) => {
             common::skip(&format!("stub libcuda not built: {e}"));
@@ -139,4 +139,56 @@ fn child() {
     drop(alloc);
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
     println!("stub checks passed");
+}
+
+/// `adaptalloc gpu-bench` end to end on the stub: a cost model that parses, and a results table
+/// with every strategy and CUDA's pool replaying a small workload through the driver.
+#[test]
+fn gpu_bench_runs_on_a_stub_libcuda() {
+    if CudaDevice::driver_present() {
+        common::skip("a real CUDA driver is present; the stub test runs where there is none");
+        return;
+    }
+    let dir = match build_stub("bench") {
+        Ok(d) => d,
+        Err(e) => {
+            common::skip(&format!("stub libcuda not built: {e}"));
+            return;
+        }
+    };
+    let cost = dir.join("stub-gpu.toml");
+    let results = dir.join("results.md");
+    let out = Command::new(env!("CARGO_BIN_EXE_adaptalloc"))
+        .arg("gpu-bench")
+        .arg("--quick")
+        .arg("--cost-model")
+        .arg(&cost)
+        .arg("--results")
+        .arg(&results)
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("STUB_CUDA_CAPACITY", (256u64 << 20).to_string())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "gpu-bench failed:\n{text}");
+    let model = adaptalloc::device::CostModel::from_file(&cost).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert!(
+        model.description.contains("adaptalloc stub GPU"),
+        "{}",
+        model.description
+    );
+    let table = std::fs::read_to_string(&results).unwrap();
+    // small-churn (13 MiB peak) fits the stub's 256 MiB; the GiB-sized workloads are skipped.
+    for name in ["passthrough", "caching", "suballoc", "adaptive", "cuda-pool"] {
+        assert!(
+            table.contains(&format!("| small-churn | {name} | 0 |")),
+            "{name} missing or failed:\n{table}"
+        );
+    }
+    assert!(table.contains("skipped"), "{table}");
+    std::fs::remove_dir_all(&dir).ok();
 }

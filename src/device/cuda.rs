@@ -32,7 +32,7 @@ unsafe impl Sync for CudaDevice {}
 
 /// Names a failed driver call without formatting cudarc's error type, whose Display calls into
 /// libcuda (unsafe to do when the library is absent).
-fn check(call: &'static str, result: sys::CUresult) -> Result<(), DeviceError> {
+pub(super) fn check(call: &'static str, result: sys::CUresult) -> Result<(), DeviceError> {
     if result == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
@@ -102,7 +102,12 @@ impl CudaDevice {
         self.ordinal
     }
 
-    fn make_current(&self) -> Result<(), DeviceError> {
+    /// The driver's handle of this device.
+    pub(super) fn handle(&self) -> sys::CUdevice {
+        self.device
+    }
+
+    pub(super) fn make_current(&self) -> Result<(), DeviceError> {
         // SAFETY: the context was retained in `new` and is released only in Drop.
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.context) })
     }

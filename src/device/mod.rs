@@ -7,10 +7,14 @@ mod cost;
 // The only module of the library (with the C ABI) that needs unsafe: FFI to the CUDA driver.
 #[allow(unsafe_code)]
 mod cuda;
+// CUDA's stream-ordered pool as a peer (FFI as above).
+#[allow(unsafe_code)]
+mod cuda_pool;
 mod sim;
 
 pub use cost::{CostCurve, CostModel};
 pub use cuda::CudaDevice;
+pub use cuda_pool::CudaPool;
 pub use sim::{FaultPlan, Granularity, LeakReport, SimDevice, SimDeviceBuilder, TenantAction};
 
 use crate::error::DeviceError;

@@ -87,3 +87,35 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
     }
     return INVALID_VALUE;
 }
+
+/* The stream-ordered pool: allocations as above (no caching), the pool's high watermark kept. */
+typedef void *CUmemoryPool;
+typedef void *CUstream;
+static int pool_token;
+static size_t pool_high;
+enum { ATTR_RELEASE_THRESHOLD = 4, ATTR_RESERVED_MEM_HIGH = 6 };
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    if (dev != 0) return INVALID_DEVICE;
+    *pool = &pool_token;
+    return SUCCESS;
+}
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    if (pool != &pool_token || !value) return INVALID_VALUE;
+    if (attr == ATTR_RESERVED_MEM_HIGH) pool_high = used;
+    return attr == ATTR_RELEASE_THRESHOLD || attr == ATTR_RESERVED_MEM_HIGH ? SUCCESS : INVALID_VALUE;
+}
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    if (pool != &pool_token || !value || attr != ATTR_RESERVED_MEM_HIGH) return INVALID_VALUE;
+    *(uint64_t *)value = pool_high;
+    return SUCCESS;
+}
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
+    (void)stream;
+    CUresult r = cuMemAlloc_v2(dptr, size);
+    if (r == SUCCESS && used > pool_high) pool_high = used;
+    return r;
+}
+CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return cuMemFree_v2(ptr); }
+CUresult cuStreamSynchronize(CUstream stream) { (void)stream; return SUCCESS; }
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { (void)keep; return pool == &pool_token ? SUCCESS : INVALID_VALUE; }

@@ -3,6 +3,7 @@
 
 mod common;
 mod compare;
+mod gpubench;
 mod import;
 mod plot;
 mod policy;
@@ -41,6 +42,8 @@ enum Command {
     Synth(synth::Args),
     /// Searches policy parameters by replay and writes the best policy.
     Tune(tune::Args),
+    /// On an NVIDIA GPU: calibrate the cost model and replay traces through the driver.
+    GpuBench(gpubench::Args),
     /// Check or show policy files.
     #[command(subcommand)]
     Policy(policy::Command),
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Synth(args) => synth::run(args),
         Command::Tune(args) => tune::run(args),
         Command::Policy(cmd) => policy::run(cmd),
+        Command::GpuBench(args) => gpubench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
