@@ -137,7 +137,7 @@ fn main() {
         println!("### {label}\n");
         let names: Vec<&str> = Contender::all().iter().map(|c| c.name()).collect();
         println!(
-            "| trace | {} | adaptive / best other that completes |\n|---|{}---|",
+            "| trace | {} | adaptive / best other that completes | adaptive / best peer that completes |\n|---|{}---|---|",
             names.join(" | "),
             "---|".repeat(names.len())
         );
@@ -167,11 +167,25 @@ fn main() {
                 .filter(|r| r.strategy != "adaptive" && r.completed)
                 .map(calls)
                 .fold(f64::INFINITY, f64::min);
-            let ratio = match adaptive {
+            let ratio = |best: f64| match adaptive {
                 Some(a) if best.is_finite() => format!("{:.2}", calls(a) / best.max(1.0)),
                 _ => "-".into(),
             };
-            println!("| {} | {} | {ratio} |", t.trace, cells.join(" | "));
+            // Peers: allocators that are not ours (gpu-alloc with the `peers` feature).
+            let ours = ["passthrough", "caching", "suballoc", "adaptive"];
+            let best_peer = t
+                .results
+                .iter()
+                .filter(|r| !ours.contains(&r.strategy.as_str()) && r.completed)
+                .map(calls)
+                .fold(f64::INFINITY, f64::min);
+            println!(
+                "| {} | {} | {} | {} |",
+                t.trace,
+                cells.join(" | "),
+                ratio(best),
+                ratio(best_peer)
+            );
         }
         println!();
     }
