@@ -29,6 +29,61 @@ fn device() -> Arc<dyn Device> {
 
 const SIZES: [u64; 4] = [256, 64 << 10, 4 << 20, 64 << 20];
 
+/// cubecl-runtime 0.5's memory management over SimDevice (see src/peers.rs for its limits:
+/// timed on reserve + release, without the crate-private address lookup).
+#[cfg(feature = "peers")]
+mod cubecl {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use adaptalloc::device::{Device, DevicePtr};
+    use cubecl_runtime::memory_management::{MemoryConfiguration, MemoryDeviceProperties, MemoryManagement};
+    use cubecl_runtime::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
+
+    pub struct SimStorage {
+        dev: Arc<dyn Device>,
+        blocks: HashMap<StorageId, DevicePtr>,
+    }
+
+    impl ComputeStorage for SimStorage {
+        type Resource = DevicePtr;
+        const ALIGNMENT: u64 = 256;
+
+        fn get(&mut self, handle: &StorageHandle) -> DevicePtr {
+            self.blocks[&handle.id] + handle.offset()
+        }
+
+        fn alloc(&mut self, size: u64) -> StorageHandle {
+            // The trait has no error path: the bench device is unbounded.
+            let ptr = self.dev.allocate(size).expect("unbounded bench device");
+            let id = StorageId::new();
+            self.blocks.insert(id, ptr);
+            StorageHandle::new(id, StorageUtilization { offset: 0, size })
+        }
+
+        fn dealloc(&mut self, id: StorageId) {
+            if let Some(ptr) = self.blocks.remove(&id) {
+                self.dev.free(ptr).expect("a block of this storage");
+            }
+        }
+    }
+
+    /// Burn's default for sub-slicing devices, with 1 GiB pages (requests up to 1 GiB).
+    pub fn new(dev: Arc<dyn Device>) -> MemoryManagement<SimStorage> {
+        MemoryManagement::from_configuration(
+            SimStorage {
+                dev,
+                blocks: HashMap::new(),
+            },
+            &MemoryDeviceProperties {
+                max_page_size: 1 << 30,
+                alignment: 256,
+            },
+            MemoryConfiguration::SubSlices,
+        )
+    }
+}
+
 fn pairs(c: &mut Criterion) {
     let mut g = c.benchmark_group("pair");
     for size in SIZES {
@@ -62,6 +117,15 @@ fn pairs(c: &mut Criterion) {
                 oa.free(a);
             })
         });
+        #[cfg(feature = "peers")]
+        {
+            let mut mm = cubecl::new(device());
+            let keep = mm.reserve(size, None);
+            g.bench_function(format!("cubecl/{size}"), |b| {
+                b.iter(|| drop(black_box(mm.reserve(black_box(size), None))))
+            });
+            drop(keep);
+        }
         #[cfg(feature = "peers")]
         {
             use adaptalloc::trace::ReplayTarget;
@@ -135,6 +199,20 @@ fn churn(c: &mut Criterion) {
             slots[slot] = oa.allocate((size / 256) as u32).unwrap();
         })
     });
+    #[cfg(feature = "peers")]
+    {
+        let mut mm = cubecl::new(device());
+        let mut slots: Vec<_> = (0..LIVE).map(|_| Some(mm.reserve(4096, None))).collect();
+        let mut i = 0;
+        g.bench_function("cubecl", |b| {
+            b.iter(|| {
+                let (slot, size) = ops[i % ops.len()];
+                i += 1;
+                slots[slot] = None; // released first, as the others free before allocating
+                slots[slot] = Some(mm.reserve(size, None));
+            })
+        });
+    }
     #[cfg(feature = "peers")]
     {
         use adaptalloc::trace::ReplayTarget;

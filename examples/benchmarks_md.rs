@@ -74,23 +74,26 @@ fn main() {
     println!("# Benchmarks\n");
     println!("Measured on {date}, {cpu}, {cores} cores, release build; regenerate with `scripts/benchmarks.sh`.");
     println!("SimDevice with a zero cost model for the timings (allocator work only) and the default cost");
-    println!("model for the driver-time columns. Peers run in the same criterion run as ours.\n");
+    println!("model for the driver-time columns. Peers run in the same criterion run as ours. cubecl");
+    println!("(cubecl-runtime 0.5, Burn's memory management) is timed on reserve + release only: its");
+    println!("slice-to-address lookup is crate-private, so its figures leave that step out.\n");
 
     println!("## Allocate + free pairs (ns, mean)\n");
     println!(
-        "| size | adaptive (cache hit) | caching | suballoc | passthrough | offset-allocator | range-alloc | gpu-alloc | adaptive / offset-allocator | adaptive / passthrough |"
+        "| size | adaptive (cache hit) | caching | suballoc | passthrough | offset-allocator | range-alloc | gpu-alloc | cubecl | adaptive / offset-allocator | adaptive / passthrough |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for size in [256u64, 65536, 4194304, 67108864] {
         let get = |n: &str| means.get(&format!("pair/{n}_{size}")).copied().unwrap_or(f64::NAN);
         let (a, o, p) = (get("adaptive"), get("offset-allocator"), get("passthrough"));
         println!(
-            "| {} | {a:.0} | {:.0} | {:.0} | {p:.0} | {o:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
+            "| {} | {a:.0} | {:.0} | {:.0} | {p:.0} | {o:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
             ByteSize(size),
             get("caching"),
             get("suballoc"),
             get("range-alloc"),
             get("gpu-alloc"),
+            get("cubecl"),
             a / o,
             a / p
         );
@@ -105,6 +108,7 @@ fn main() {
         "offset-allocator",
         "range-alloc",
         "gpu-alloc",
+        "cubecl",
     ] {
         let v = means.get(&format!("churn/{n}")).copied().unwrap_or(f64::NAN);
         println!("| {n} | {v:.0} | {:.2} |", v / oa);

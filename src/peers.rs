@@ -7,9 +7,12 @@
 //!   starting point for desktop GPUs (`Config::i_am_prototyping`). On out-of-memory the wrapper
 //!   does what a careful user does: `cleanup()` (frees its empty chunks) and retries once.
 //!
-//! cubecl-runtime (the memory management behind Burn) is not here: in 0.11 its pools are no
-//! longer public, and in 0.5 its storage trait cannot report out-of-memory (`alloc` returns a
-//! handle, no error), so it cannot run at a capacity it may exceed.
+//! cubecl-runtime (the memory management behind Burn) is a peer in `benches/peers.rs` only. In
+//! 0.11 its pools are no longer public. In 0.5, `MemoryManagement` takes a custom
+//! `ComputeStorage` (so it runs over SimDevice), but the storage's `alloc` cannot report
+//! out-of-memory (it returns a handle, no error), `reserve` panics above its largest page, and
+//! the binding that resolves a slice to an address is crate-private: it cannot replay a trace at
+//! a capacity it may exceed, nor hand out addresses, so it is timed on reserve + release only.
 //!
 //! gpu-alloc's calls are `unsafe fn`: their contract is that one device instance serves one
 //! allocator and its blocks, which this module keeps by owning both in one struct.
