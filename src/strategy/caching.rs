@@ -37,6 +37,8 @@ pub struct CachingConfig {
 }
 
 const NIL: u32 = u32::MAX;
+const MEMO_BITS: u32 = 6;
+const MEMO: usize = 1 << MEMO_BITS;
 
 /// (stream, block bytes); stream `None` is the shared pool of blocks whose stream has been
 /// synchronized.
@@ -72,6 +74,9 @@ pub struct Caching {
     /// with no lookup.
     bins: Vec<Bin>,
     bin_of: FastMap<BinKey, u32>,
+    /// A direct-mapped memo of `bin_of` for stream bins, (stream, block bytes, bin): a repeated
+    /// size skips the hash lookup. Bins are never removed, so an entry never goes stale.
+    memo: Box<[(StreamId, u64, u32); MEMO]>,
     /// Most recently freed block; `lru_tail` is the least recently freed.
     lru_head: u32,
     lru_tail: u32,
@@ -88,6 +93,7 @@ impl Caching {
             nodes: Slots::new(),
             bins: Vec::new(),
             bin_of: FastMap::default(),
+            memo: Box::new([(0, 0, NIL); MEMO]),
             lru_head: NIL,
             lru_tail: NIL,
             reserved: 0,
@@ -138,13 +144,26 @@ impl Caching {
     #[inline]
     pub fn allocate_cached(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Option<Grant> {
         let block_bytes = self.block_size(dev, bytes);
-        let own = self.bin_of.get(&(Some(stream), block_bytes)).copied();
+        let own = self.own_bin(stream, block_bytes);
         if let Some(b) = own {
             if self.bins[b as usize].head != NIL {
                 return Some(self.take(b, b));
             }
         }
         self.allocate_shared(own, block_bytes, stream)
+    }
+
+    /// The bin of (stream, block bytes) if it exists: the memo, else the map (filling the memo).
+    #[inline]
+    fn own_bin(&mut self, stream: StreamId, block_bytes: u64) -> Option<u32> {
+        let slot = ((block_bytes >> 8) ^ stream).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - MEMO_BITS);
+        let (s, b, bin) = self.memo[slot as usize];
+        if s == stream && b == block_bytes {
+            return Some(bin);
+        }
+        let bin = *self.bin_of.get(&(Some(stream), block_bytes))?;
+        self.memo[slot as usize] = (stream, block_bytes, bin);
+        Some(bin)
     }
 
     /// A block from the shared pool (blocks whose stream was synchronized).
