@@ -1,5 +1,5 @@
 //! The allocator's hot paths in a loop, for instruction counts under
-//! `valgrind --tool=callgrind target/release/examples/hotpath [pair|churn] [N]`
+//! `valgrind --tool=callgrind target/release/examples/hotpath [pair|churn|lock] [N] [SIZE]`
 //! (instruction counts repeat exactly on a noisy machine, unlike timings).
 
 use std::sync::Arc;
@@ -12,6 +12,8 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let what = args.next().unwrap_or_else(|| "pair".into());
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    // Request size of the pair workload.
+    let size: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(65536);
     let device = Arc::new(
         SimDevice::builder()
             .capacity(1 << 44)
@@ -22,7 +24,7 @@ fn main() {
         "pair" => {
             let alloc = Allocator::adaptive(device);
             for _ in 0..n {
-                let p = alloc.allocate_raw(std::hint::black_box(65536), 0).expect("allocate");
+                let p = alloc.allocate_raw(std::hint::black_box(size), 0).expect("allocate");
                 alloc.deallocate(p, 0).expect("free");
             }
         }

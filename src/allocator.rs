@@ -499,7 +499,7 @@ impl Shared {
 
     /// Records a granted block as live: the live table, the engine's class statistics and the
     /// live counters (every allocation, fast path or not).
-    #[inline]
+    #[inline(always)]
     fn record_live(st: &mut State, grant: Grant, si: usize, bucket: usize, bytes: u64, stream: StreamId) {
         let op = st.op;
         st.live.insert(

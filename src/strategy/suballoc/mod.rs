@@ -106,6 +106,10 @@ pub struct Suballoc {
     lists: Vec<FreeLists>,
     list_stream: Vec<Option<StreamId>>,
     stream_lists: FastMap<(StreamId, u8), u16>,
+    /// The last stream seen in each pool and its list (`u16::MAX`: none yet): most programs use
+    /// one stream per pool, which then skips the map. Lists are never removed, so it never goes
+    /// stale.
+    last_list: [(StreamId, u16); POOLS],
     any_list: [Option<u16>; POOLS],
     pool_reserved: [u64; POOLS],
     slabs: Slots<Slab>,
@@ -130,6 +134,7 @@ impl Suballoc {
             lists: Vec::new(),
             list_stream: Vec::new(),
             stream_lists: FastMap::default(),
+            last_list: [(0, u16::MAX); POOLS],
             any_list: [None; POOLS],
             pool_reserved: [0; POOLS],
             slabs: Slots::new(),
@@ -162,7 +167,7 @@ impl Suballoc {
     pub(super) fn allocate(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
         debug_assert!(bytes > 0 && bytes % ALIGNMENT == 0);
         let pool = self.pool_of(bytes);
-        let own = self.stream_lists.get(&(stream, pool)).copied();
+        let own = self.own_list(stream, pool);
         let found = own
             .and_then(|li| self.find(li, bytes))
             .or_else(|| self.any_list[pool as usize].and_then(|li| self.find(li, bytes)));
@@ -348,12 +353,24 @@ impl Suballoc {
 
     /// The free lists of blocks freed on `stream` in `pool`.
     fn stream_list(&mut self, stream: StreamId, pool: u8) -> u16 {
-        if let Some(&li) = self.stream_lists.get(&(stream, pool)) {
+        if let Some(li) = self.own_list(stream, pool) {
             return li;
         }
         let li = self.new_list(Some(stream));
         self.stream_lists.insert((stream, pool), li);
         li
+    }
+
+    /// The free lists of `stream` in `pool`, if made: the per-pool memo, else the map.
+    #[inline]
+    fn own_list(&mut self, stream: StreamId, pool: u8) -> Option<u16> {
+        let (s, li) = self.last_list[pool as usize];
+        if s == stream && li != u16::MAX {
+            return Some(li);
+        }
+        let li = *self.stream_lists.get(&(stream, pool))?;
+        self.last_list[pool as usize] = (stream, li);
+        Some(li)
     }
 
     /// The free lists every stream may use in `pool`.
