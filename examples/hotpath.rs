@@ -1,5 +1,6 @@
 //! The allocator's hot paths in a loop, for instruction counts under
-//! `valgrind --tool=callgrind target/release/examples/hotpath [pair|churn|lock] [N] [SIZE]`
+//! `valgrind --tool=callgrind target/release/examples/hotpath [pair|churn|threads|lock] [N] [SIZE]`
+//! (`threads`: SIZE threads on one allocator; a timing, not for callgrind)
 //! (instruction counts repeat exactly on a noisy machine, unlike timings).
 
 use std::sync::Arc;
@@ -45,6 +46,26 @@ fn main() {
                 alloc.deallocate(p, 0).expect("free");
             }
         }
+        "threads" => {
+            // `size` threads on one allocator, each on its own stream, n pairs each.
+            let alloc = Allocator::adaptive(device);
+            let t = std::time::Instant::now();
+            std::thread::scope(|s| {
+                for stream in 0..size {
+                    let alloc = &alloc;
+                    s.spawn(move || {
+                        for _ in 0..n {
+                            let p = alloc.allocate_raw(65536, stream).expect("allocate");
+                            alloc.deallocate(p, stream).expect("free");
+                        }
+                    });
+                }
+            });
+            println!(
+                "{size} threads: {:.1} ns per pair per thread",
+                t.elapsed().as_nanos() as f64 / n as f64
+            );
+        }
         "lock" => {
             // The floor under every allocator call: an uncontended lock and unlock, twice a pair.
             let m = parking_lot::Mutex::new(0u64);
@@ -58,6 +79,6 @@ fn main() {
                 t.elapsed().as_nanos() as f64 / n as f64
             );
         }
-        other => eprintln!("unknown workload {other}: pair, churn or lock"),
+        other => eprintln!("unknown workload {other}: pair, churn, threads or lock"),
     }
 }
