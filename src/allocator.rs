@@ -61,6 +61,10 @@ impl AllocatorConfig {
     }
 }
 
+/// Yields (each a chance for a preempted lock holder to run) before a contended hot-path lock
+/// parks the thread.
+const YIELDS_BEFORE_PARKING: u32 = 16;
+
 /// A live allocation as the allocator records it.
 #[derive(Clone, Copy, Debug, Default)]
 struct Live {
@@ -430,6 +434,24 @@ impl Allocator {
 }
 
 impl Shared {
+    /// The state lock for the hot paths. Uncontended: one CAS, as `lock()`. Contended: a few
+    /// `try_lock`s with a yield between them before parking, so that with more threads than
+    /// cores a preempted holder gets the CPU back instead of every waiter sleeping in the kernel
+    /// (parking costs a futex wake on every unlock).
+    #[inline]
+    fn lock_state(&self) -> parking_lot::MutexGuard<'_, State> {
+        if let Some(g) = self.state.try_lock() {
+            return g;
+        }
+        for _ in 0..YIELDS_BEFORE_PARKING {
+            std::thread::yield_now();
+            if let Some(g) = self.state.try_lock() {
+                return g;
+            }
+        }
+        self.state.lock()
+    }
+
     fn allocate(&self, bytes: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
         if bytes == 0 {
             return Err(AllocError::ZeroSize);
@@ -442,7 +464,7 @@ impl Shared {
         }
         let aligned = align_up(bytes, ALIGNMENT);
         let bucket = bucket_of(aligned);
-        let mut st = self.state.lock();
+        let mut st = self.lock_state();
         st.op += 1;
         let si = st.routes[bucket] as usize;
         // Fast path: a waiting cached block of the routed class. Cost: one bin lookup, two list
@@ -663,7 +685,7 @@ impl Shared {
     }
 
     fn deallocate(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
-        let mut st = self.state.lock();
+        let mut st = self.lock_state();
         let Some(live) = st.live.get(ptr).copied() else {
             return Err(AllocError::UnknownPointer { ptr });
         };
