@@ -1,5 +1,5 @@
 //! The allocator's hot paths in a loop, for instruction counts under
-//! `valgrind --tool=callgrind target/release/examples/hotpath [pair|churn|threads|lock] [N] [SIZE]`
+//! `valgrind --tool=callgrind target/release/examples/hotpath [pair|churn|churn-adaptive|threads|lock] [N] [SIZE]`
 //! (`threads`: SIZE threads on one allocator; a timing, not for callgrind)
 //! (instruction counts repeat exactly on a noisy machine, unlike timings).
 
@@ -29,8 +29,12 @@ fn main() {
                 alloc.deallocate(p, 0).expect("free");
             }
         }
-        "churn" => {
-            let alloc = Allocator::with_strategy(device, StrategyKind::Suballoc);
+        "churn" | "churn-adaptive" => {
+            let alloc = if what == "churn" {
+                Allocator::with_strategy(device, StrategyKind::Suballoc)
+            } else {
+                Allocator::adaptive(device)
+            };
             let mut rng = SplitMix64(42);
             let mut slots: Vec<u64> = (0..256)
                 .map(|_| alloc.allocate_raw(4096, 0).expect("allocate"))
@@ -79,6 +83,6 @@ fn main() {
                 t.elapsed().as_nanos() as f64 / n as f64
             );
         }
-        other => eprintln!("unknown workload {other}: pair, churn, threads or lock"),
+        other => eprintln!("unknown workload {other}: pair, churn, churn-adaptive, threads or lock"),
     }
 }

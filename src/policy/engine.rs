@@ -117,7 +117,10 @@ impl ClassStats {
 
 #[inline]
 fn note_size(sizes: &mut [u64; SIZES], distinct: &mut u8, size: u64) {
-    let n = (*distinct as usize).min(SIZES);
+    if *distinct as usize > SIZES {
+        return; // saturated: "more than SIZES" already, no need to scan
+    }
+    let n = *distinct as usize;
     if sizes[..n].contains(&size) {
         return;
     }
@@ -505,36 +508,34 @@ impl Engine {
             }
             let (lo, _) = bucket_range(b);
             let reuse = c.w_reuse_hits as f64 / c.w_requests as f64;
-            let (want, why) = if lo >= r.passthrough_min.0 {
-                (
-                    StrategyKind::Passthrough,
-                    format!(
-                        "sizes at least {} go to the driver",
-                        crate::size::ByteSize(r.passthrough_min.0)
-                    ),
-                )
-            } else if (c.w_distinct as u32) <= r.cache_max_distinct_sizes
+            let (distinct, peak_blocks) = (c.w_distinct, c.w_peak_blocks);
+            let want = if lo >= r.passthrough_min.0 {
+                StrategyKind::Passthrough
+            } else if (distinct as u32) <= r.cache_max_distinct_sizes
                 && reuse >= r.cache_min_reuse
-                && c.w_peak_blocks <= r.cache_max_live_blocks
+                && peak_blocks <= r.cache_max_live_blocks
             {
-                (
-                    StrategyKind::Caching,
-                    format!(
-                        "{} distinct size(s), {:.0}% of requests find a freed block, at most {} live: exact-size caching",
-                        c.w_distinct,
-                        reuse * 100.0,
-                        c.w_peak_blocks
-                    ),
-                )
+                StrategyKind::Caching
             } else {
-                (
-                    StrategyKind::Suballoc,
-                    format!(
-                        "{} distinct sizes, {:.0}% reuse: suballocation packs varied sizes",
-                        distinct_text(c.w_distinct),
-                        reuse * 100.0
-                    ),
-                )
+                StrategyKind::Suballoc
+            };
+            // Formatted only when the route changes (formatting every class at every tick cost
+            // more than the allocations in between).
+            let why = || match want {
+                StrategyKind::Passthrough => format!(
+                    "sizes at least {} go to the driver",
+                    crate::size::ByteSize(r.passthrough_min.0)
+                ),
+                StrategyKind::Caching => format!(
+                    "{distinct} distinct size(s), {:.0}% of requests find a freed block, at most {peak_blocks} live: \
+                     exact-size caching",
+                    reuse * 100.0
+                ),
+                StrategyKind::Suballoc => format!(
+                    "{} distinct sizes, {:.0}% reuse: suballocation packs varied sizes",
+                    distinct_text(distinct),
+                    reuse * 100.0
+                ),
             };
             c.w_requests = 0;
             c.w_reuse_hits = 0;
@@ -557,6 +558,7 @@ impl Engine {
             let from = self.kinds[*route as usize];
             *route = want_idx as u8;
             let class = class_name(b);
+            let why = why();
             tracing::info!(op, class = %class, %from, to = %want, reason = %why, "route changed");
             if self.route_changes.len() < MAX_LOG {
                 self.route_changes.push(RouteChange {

@@ -35,6 +35,12 @@ impl PageMap {
         first..last.min(self.refs.len())
     }
 
+    /// Every page is mapped (the common case once a slab is in use): nothing to map. One compare.
+    #[inline]
+    pub(crate) fn all_mapped(&self) -> bool {
+        self.mapped_bytes == self.refs.len() as u64 * self.page
+    }
+
     /// Runs `(offset, len)` of unmapped pages that a block at `offset..offset+len` needs.
     pub(crate) fn unmapped_runs(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> = Vec::new();

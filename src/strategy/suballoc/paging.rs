@@ -15,6 +15,9 @@ impl Suballoc {
         let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else {
             return Ok(false);
         };
+        if pm.all_mapped() {
+            return Ok(false);
+        }
         let runs = pm.unmapped_runs(n.addr - slab.base, bytes);
         if runs.is_empty() {
             return Ok(false);
