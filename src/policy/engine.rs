@@ -442,10 +442,24 @@ impl Engine {
         if idle <= target {
             return;
         }
-        // Cached blocks first (cheap to re-create), then empty slabs.
         let mut need = idle - target;
+        let can_release: u64 = strategies
+            .iter()
+            .map(|s| match s {
+                Strategy::Suballoc(sub) => sub.empty_bytes(),
+                other => other.releasable_bytes(),
+            })
+            .sum();
+        // Over max_idle mostly because of free space inside slabs with live blocks, which cannot
+        // go back: releasing cached blocks would not meet the bound and would strip the cache of
+        // blocks soon asked for again (driver calls for nothing); empty slabs still go.
+        let keep_cache = info.free >= self.headroom && !pressure && can_release < need;
+        // Cached blocks first (cheap to re-create), then empty slabs.
         let mut released = 0;
         for kind in [StrategyKind::Caching, StrategyKind::Suballoc] {
+            if keep_cache && kind == StrategyKind::Caching {
+                continue;
+            }
             for s in strategies.iter_mut().filter(|s| s.kind() == kind) {
                 let own = s.idle_bytes();
                 let r = s.release_down_to(dev, own - need.min(own), unmap_pages);
