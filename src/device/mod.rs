@@ -10,11 +10,13 @@ mod cuda;
 // CUDA's stream-ordered pool as a peer (FFI as above).
 #[allow(unsafe_code)]
 mod cuda_pool;
+mod metered;
 mod sim;
 
 pub use cost::{CostCurve, CostModel};
 pub use cuda::CudaDevice;
 pub use cuda_pool::CudaPool;
+pub(crate) use metered::Metered;
 pub use sim::{FaultPlan, Granularity, LeakReport, SimDevice, SimDeviceBuilder, TenantAction};
 
 use crate::error::DeviceError;

@@ -1,0 +1,75 @@
+//! A device, metered: the allocator's view of its device, counting the driver calls that
+//! allocator makes (allocations, frees, page maps and unmaps).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{Device, DevicePtr, DeviceStats, MemInfo, VirtualMemory};
+use crate::error::DeviceError;
+
+/// The device, metered: counts this allocator's driver calls (atomics on the slow path only).
+#[derive(Debug)]
+pub(crate) struct Metered {
+    pub(crate) inner: Arc<dyn Device>,
+    pub(crate) allocs: AtomicU64,
+    pub(crate) frees: AtomicU64,
+}
+
+impl Device for Metered {
+    fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let r = self.inner.allocate(bytes);
+        if r.is_ok() {
+            self.allocs.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+    fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        self.inner.free(ptr)
+    }
+    fn mem_info(&self) -> Result<MemInfo, DeviceError> {
+        self.inner.mem_info()
+    }
+    fn alignment(&self) -> u64 {
+        self.inner.alignment()
+    }
+    fn granularity(&self) -> u64 {
+        self.inner.granularity()
+    }
+    fn footprint(&self, bytes: u64) -> u64 {
+        self.inner.footprint(bytes)
+    }
+    fn vmm(&self) -> Option<&dyn VirtualMemory> {
+        self.inner.vmm().map(|_| self as &dyn VirtualMemory)
+    }
+    fn stats(&self) -> DeviceStats {
+        self.inner.stats()
+    }
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+}
+
+/// Mapping and unmapping pages are driver calls too: counted like allocations and frees.
+impl VirtualMemory for Metered {
+    fn page_size(&self) -> u64 {
+        self.inner.vmm().map(|v| v.page_size()).unwrap_or(0)
+    }
+    fn reserve(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        self.inner.vmm().expect("vmm checked by the caller").reserve(bytes)
+    }
+    fn unreserve(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        self.inner.vmm().expect("vmm checked by the caller").unreserve(ptr)
+    }
+    fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let r = self.inner.vmm().expect("vmm checked by the caller").map(ptr, bytes);
+        if r.is_ok() {
+            self.allocs.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+    fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        self.inner.vmm().expect("vmm checked by the caller").unmap(ptr, bytes)
+    }
+}
