@@ -18,9 +18,12 @@ pub struct CudaDevice {
     device: sys::CUdevice,
     context: sys::CUcontext,
     name: String,
-    stats: Mutex<DeviceStats>,
+    pub(super) stats: Mutex<DeviceStats>,
     /// Sizes of live driver allocations, so frees keep `allocated_bytes` exact.
     sizes: Mutex<std::collections::HashMap<DevicePtr, u64>>,
+    /// The VMM mapping granule when the device supports virtual memory management.
+    pub(super) vmm_page: Option<u64>,
+    pub(super) reservations: Mutex<super::cuda_vmm::Reservations>,
 }
 
 // SAFETY: a CUcontext handle may be used from any thread once made current there; every call
@@ -95,6 +98,8 @@ impl CudaDevice {
             name,
             stats: Mutex::new(DeviceStats::default()),
             sizes: Mutex::new(std::collections::HashMap::new()),
+            vmm_page: super::cuda_vmm::probe(device, ordinal),
+            reservations: Mutex::new(Default::default()),
         })
     }
 
@@ -105,6 +110,12 @@ impl CudaDevice {
     /// The driver's handle of this device.
     pub(super) fn handle(&self) -> sys::CUdevice {
         self.device
+    }
+
+    /// The VMM mapping granule, when the device supports virtual memory management (and
+    /// `ADAPTALLOC_CUDA_VMM=0` does not turn it off).
+    pub fn vmm_page_size(&self) -> Option<u64> {
+        self.vmm_page
     }
 
     pub(super) fn make_current(&self) -> Result<(), DeviceError> {
@@ -172,6 +183,10 @@ impl Device for CudaDevice {
 
     fn granularity(&self) -> u64 {
         2 * MIB
+    }
+
+    fn vmm(&self) -> Option<&dyn super::VirtualMemory> {
+        self.vmm_page.map(|_| self as &dyn super::VirtualMemory)
     }
 
     fn stats(&self) -> DeviceStats {

@@ -7,6 +7,9 @@ mod cost;
 // The only module of the library (with the C ABI) that needs unsafe: FFI to the CUDA driver.
 #[allow(unsafe_code)]
 mod cuda;
+// Virtual memory management on CUDA (FFI as above).
+#[allow(unsafe_code)]
+mod cuda_vmm;
 // CUDA's stream-ordered pool as a peer (FFI as above).
 #[allow(unsafe_code)]
 mod cuda_pool;

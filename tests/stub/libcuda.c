@@ -119,3 +119,90 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
 CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return cuMemFree_v2(ptr); }
 CUresult cuStreamSynchronize(CUstream stream) { (void)stream; return SUCCESS; }
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { (void)keep; return pool == &pool_token ? SUCCESS : INVALID_VALUE; }
+
+/* Virtual memory management: address ranges from a counter (never dereferenced), physical pages
+ * counted against the capacity from cuMemCreate until both released and unmapped. */
+typedef unsigned long long CUmemGenericAllocationHandle;
+enum { ATTR_VMM_SUPPORTED = 102, MAX_HANDLES = 1 << 16, STUB_PAGE = 2 << 20 };
+static struct { size_t size; int live, released, mapped; CUdeviceptr va; } handles[MAX_HANDLES];
+static CUdeviceptr next_va = (CUdeviceptr)1 << 44;
+
+CUresult cuDeviceGetAttribute(int *value, int attr, CUdevice dev) {
+    if (dev != 0) return INVALID_DEVICE;
+    const char *vmm = getenv("STUB_CUDA_VMM");
+    *value = attr == ATTR_VMM_SUPPORTED ? (vmm ? atoi(vmm) : 1) : 0;
+    return SUCCESS;
+}
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const void *prop, int option) {
+    (void)prop; (void)option;
+    *granularity = STUB_PAGE;
+    return SUCCESS;
+}
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags) {
+    (void)alignment; (void)addr; (void)flags;
+    if (size == 0 || size % STUB_PAGE) return INVALID_VALUE;
+    *ptr = next_va;
+    next_va += size + STUB_PAGE; /* a gap between reservations */
+    return SUCCESS;
+}
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    for (int i = 1; i < MAX_HANDLES; i++)
+        if (handles[i].live && handles[i].mapped && handles[i].va >= ptr && handles[i].va < ptr + size)
+            return INVALID_VALUE; /* still mapped */
+    return SUCCESS;
+}
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const void *prop, unsigned long long flags) {
+    (void)prop; (void)flags;
+    if (size == 0 || size % STUB_PAGE) return INVALID_VALUE;
+    if (size > cap() - used) return OUT_OF_MEMORY;
+    for (int i = 1; i < MAX_HANDLES; i++) {
+        if (!handles[i].live) {
+            handles[i].size = size;
+            handles[i].live = 1;
+            handles[i].released = handles[i].mapped = 0;
+            used += size;
+            *handle = (CUmemGenericAllocationHandle)i;
+            return SUCCESS;
+        }
+    }
+    return OUT_OF_MEMORY;
+}
+static void settle(int i) {
+    if (handles[i].live && handles[i].released && !handles[i].mapped) {
+        used -= handles[i].size;
+        handles[i].live = 0;
+    }
+}
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags) {
+    (void)flags;
+    if (h == 0 || h >= MAX_HANDLES || !handles[h].live || handles[h].mapped) return INVALID_VALUE;
+    if (offset != 0 || size != handles[h].size || ptr % STUB_PAGE) return INVALID_VALUE;
+    handles[h].mapped = 1;
+    handles[h].va = ptr;
+    return SUCCESS;
+}
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    if (h == 0 || h >= MAX_HANDLES || !handles[h].live || handles[h].released) return INVALID_VALUE;
+    handles[h].released = 1;
+    settle((int)h);
+    return SUCCESS;
+}
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const void *desc, size_t count) {
+    (void)desc;
+    if (count != 1) return INVALID_VALUE;
+    for (int i = 1; i < MAX_HANDLES; i++)
+        if (handles[i].live && handles[i].mapped && handles[i].va == ptr && handles[i].size == size) return SUCCESS;
+    return INVALID_VALUE;
+}
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    /* As the driver: only whole mappings unmap. */
+    for (int i = 1; i < MAX_HANDLES; i++) {
+        if (handles[i].live && handles[i].mapped && handles[i].va == ptr) {
+            if (handles[i].size != size) return INVALID_VALUE;
+            handles[i].mapped = 0;
+            settle(i);
+            return SUCCESS;
+        }
+    }
+    return INVALID_VALUE;
+}

@@ -1,0 +1,195 @@
+//! CUDA virtual memory management for [`CudaDevice`] (cuMemAddressReserve, cuMemCreate,
+//! cuMemMap, cuMemSetAccess, cuMemUnmap): the page-backed slabs of the suballocator on a real
+//! GPU, so free pages inside slabs that hold live blocks can go back to the device.
+//!
+//! Each page is its own physical allocation (cuMemCreate of one granule), because cuMemUnmap
+//! only unmaps whole mappings and the suballocator maps and unmaps page runs independently. The
+//! handle is released right after mapping: the mapping keeps the memory until it is unmapped.
+//! Enabled when the device reports VMM support; `ADAPTALLOC_CUDA_VMM=0` turns it off.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use cudarc::driver::sys;
+
+use super::cuda::check;
+use super::{CudaDevice, Device, DevicePtr, VirtualMemory};
+use crate::error::DeviceError;
+use crate::size::ByteSize;
+
+/// Whether `device` supports VMM, and its mapping granule; None when not (or turned off).
+pub(super) fn probe(device: sys::CUdevice, ordinal: i32) -> Option<u64> {
+    if std::env::var("ADAPTALLOC_CUDA_VMM").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    let mut supported = 0;
+    // SAFETY: `supported` is a live c_int; the device handle is valid (from cuDeviceGet).
+    let r = unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut supported,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            device,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS || supported == 0 {
+        return None;
+    }
+    let prop = allocation_prop(ordinal);
+    let mut granule = 0usize;
+    // SAFETY: `prop` and `granule` are live locals of the types the call expects.
+    let r = unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut granule,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    };
+    (r == sys::CUresult::CUDA_SUCCESS && granule > 0).then_some(granule as u64)
+}
+
+/// Pinned device memory on device `ordinal`.
+fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
+    // SAFETY: the struct is plain C data for which all-zero bytes are a valid value (zero
+    // enums, a null pointer, zero flags); the fields that matter are set below.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    prop
+}
+
+/// The reservations of one device (pointer -> size), for cuMemAddressFree.
+pub(super) type Reservations = HashMap<DevicePtr, u64>;
+
+impl CudaDevice {
+    fn page(&self) -> u64 {
+        self.vmm_page.unwrap_or(2 << 20)
+    }
+
+    /// Maps one page at `va`; on failure nothing stays mapped or allocated.
+    fn map_page(&self, va: DevicePtr) -> Result<(), DeviceError> {
+        let page = self.page();
+        let prop = allocation_prop(self.ordinal());
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` and `prop` are live locals; the context is current (checked by map).
+        let r = unsafe { sys::cuMemCreate(&mut handle, page as usize, &prop, 0) };
+        if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let info = self.mem_info().unwrap_or(super::MemInfo { free: 0, total: 0 });
+            return Err(DeviceError::OutOfMemory {
+                requested: ByteSize(page),
+                free: ByteSize(info.free),
+                total: ByteSize(info.total),
+            });
+        }
+        check("cuMemCreate", r)?;
+        // SAFETY: `va` is a page-aligned address inside one of our reservations (the caller's
+        // contract) and `handle` a fresh allocation of one page.
+        let mapped = check("cuMemMap", unsafe { sys::cuMemMap(va, page as usize, 0, handle, 0) });
+        // SAFETY: the handle is ours; once mapped, the mapping keeps the memory alive, and when
+        // mapping failed this frees it.
+        let released = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) });
+        mapped?;
+        released?;
+        let desc = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: `va..va+page` was just mapped; `desc` is one live descriptor.
+        if let Err(e) = check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(va, page as usize, &desc, 1)
+        }) {
+            // SAFETY: unmapping the page mapped above frees its memory.
+            let _ = unsafe { sys::cuMemUnmap(va, page as usize) };
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+impl VirtualMemory for CudaDevice {
+    fn page_size(&self) -> u64 {
+        self.page()
+    }
+
+    fn reserve(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        self.make_current()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a live local; address space only, no memory is consumed.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut ptr, bytes as usize, self.page() as usize, 0, 0)
+        })?;
+        self.reservations.lock().insert(ptr, bytes);
+        Ok(ptr)
+    }
+
+    fn unreserve(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        self.make_current()?;
+        let Some(bytes) = self.reservations.lock().remove(&ptr) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        // SAFETY: `ptr..ptr+bytes` is a reservation of ours with every page unmapped (the
+        // trait's contract).
+        check("cuMemAddressFree", unsafe {
+            sys::cuMemAddressFree(ptr, bytes as usize)
+        })
+    }
+
+    fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.make_current()?;
+        let page = self.page();
+        let start = Instant::now();
+        let mut done = 0;
+        let mut result = Ok(());
+        while done < bytes {
+            if let Err(e) = self.map_page(ptr + done) {
+                result = Err(e);
+                break;
+            }
+            done += page;
+        }
+        if result.is_err() {
+            // Failure changes nothing: unmap what this call mapped.
+            let mut off = 0;
+            while off < done {
+                // SAFETY: each of these pages was mapped above by this call.
+                let _ = unsafe { sys::cuMemUnmap(ptr + off, page as usize) };
+                off += page;
+            }
+        }
+        let mut stats = self.stats.lock();
+        stats.driver_ns += start.elapsed().as_nanos() as u64;
+        match result {
+            Ok(()) => {
+                stats.driver_allocs += 1;
+                stats.allocated_bytes += bytes;
+                Ok(())
+            }
+            Err(e) => {
+                stats.failed_allocs += 1;
+                Err(e)
+            }
+        }
+    }
+
+    fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.make_current()?;
+        let page = self.page();
+        let start = Instant::now();
+        let mut off = 0;
+        let mut result = Ok(());
+        while off < bytes {
+            // SAFETY: the pages of `ptr..ptr+bytes` were mapped by `map` (the trait's contract),
+            // each as its own mapping.
+            let r = check("cuMemUnmap", unsafe { sys::cuMemUnmap(ptr + off, page as usize) });
+            if result.is_ok() {
+                result = r;
+            }
+            off += page;
+        }
+        let mut stats = self.stats.lock();
+        stats.driver_ns += start.elapsed().as_nanos() as u64;
+        stats.driver_frees += 1;
+        stats.allocated_bytes = stats.allocated_bytes.saturating_sub(bytes);
+        result
+    }
+}
