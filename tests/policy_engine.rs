@@ -198,3 +198,35 @@ fn the_idle_bound_does_not_strip_a_hot_cache_for_stranded_slab_space() {
         alloc.deallocate(*p, 0).unwrap();
     }
 }
+
+/// At passthrough's exact minimum the allocator runs out of memory and falls back on held
+/// memory (no driver call): a block it hands out must lie on mapped pages, and its accounting
+/// must stay whole (releasable idle never over idle).
+#[test]
+fn out_of_memory_fallback_hands_out_only_mapped_memory() {
+    let t = WorkloadSpec::bundled("training").expect("bundled").generate(1);
+    let dev = Arc::new(SimDevice::new(passthrough_min_capacity(&t, Granularity::default())));
+    let alloc = Allocator::adaptive(dev.clone() as Arc<dyn Device>);
+    let mut live: std::collections::HashMap<u64, (DevicePtr, u64)> = Default::default();
+    let mut failed = 0;
+    for e in &t.events {
+        match e.op {
+            Op::Alloc => match alloc.allocate_raw(e.size, e.stream) {
+                Ok(p) => {
+                    assert!(dev.is_backed(p, e.size), "block {p:#x}+{} over unmapped pages", e.size);
+                    live.insert(e.id, (p, e.size));
+                }
+                Err(_) => failed += 1,
+            },
+            Op::Free => {
+                if let Some((p, _)) = live.remove(&e.id) {
+                    alloc.deallocate(p, e.stream).unwrap();
+                }
+            }
+        }
+        let s = alloc.stats();
+        assert!(s.releasable_idle_bytes <= s.idle_bytes.current, "accounting: {s:?}");
+    }
+    assert!(live.values().all(|&(p, n)| dev.is_backed(p, n)));
+    println!("FIGURE: training at passthrough's exact minimum: {failed} failed allocations");
+}

@@ -93,6 +93,9 @@ struct State {
     script_pos: usize,
     /// Address reservations (virtual memory): base -> (size, mapped bytes).
     reservations: std::collections::BTreeMap<DevicePtr, (u64, u64)>,
+    /// Mapped pages (their addresses), so a double map, an unmap of an unmapped page and a
+    /// block handed out over unmapped memory are caught.
+    mapped_pages: std::collections::BTreeSet<DevicePtr>,
 }
 
 /// A simulated GPU. Thread-safe; every call takes one short lock.
@@ -165,6 +168,7 @@ impl SimDeviceBuilder {
                 script: self.script,
                 script_pos: 0,
                 reservations: std::collections::BTreeMap::new(),
+                mapped_pages: std::collections::BTreeSet::new(),
             }),
             faults: self.faults,
             vmm: self.vmm,
@@ -378,6 +382,23 @@ impl SimDevice {
     }
 }
 
+impl SimDevice {
+    /// Whether `ptr..ptr+bytes` is backed by memory: true outside reservations (driver
+    /// allocations), and inside one only when every page under it is mapped. Tests check every
+    /// live block with it.
+    pub fn is_backed(&self, ptr: DevicePtr, bytes: u64) -> bool {
+        let s = self.state.lock();
+        if Self::reservation_of(&s, ptr, bytes.max(1)).is_none() {
+            return true;
+        }
+        let page = self.granularity.large_granule;
+        let first = ptr / page * page;
+        (first..ptr + bytes)
+            .step_by(page as usize)
+            .all(|p| s.mapped_pages.contains(&p))
+    }
+}
+
 impl VirtualMemory for SimDevice {
     fn page_size(&self) -> u64 {
         self.granularity.large_granule
@@ -408,7 +429,16 @@ impl VirtualMemory for SimDevice {
         let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
             return Err(DeviceError::UnknownPointer { ptr });
         };
+        let page = self.page_size();
+        if (ptr..ptr + bytes)
+            .step_by(page as usize)
+            .any(|p| s.mapped_pages.contains(&p))
+        {
+            // The driver refuses to map over a mapping.
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
         self.admit(&mut s, bytes, bytes)?;
+        s.mapped_pages.extend((ptr..ptr + bytes).step_by(page as usize));
         s.used += bytes;
         s.reservations.get_mut(&base).expect("found above").1 += bytes;
         s.stats.driver_allocs += 1;
@@ -421,8 +451,16 @@ impl VirtualMemory for SimDevice {
         let Some((base, _, mapped)) = Self::reservation_of(&s, ptr, bytes) else {
             return Err(DeviceError::UnknownPointer { ptr });
         };
-        if mapped < bytes {
+        let page = self.page_size();
+        if mapped < bytes
+            || (ptr..ptr + bytes)
+                .step_by(page as usize)
+                .any(|p| !s.mapped_pages.contains(&p))
+        {
             return Err(DeviceError::UnknownPointer { ptr });
+        }
+        for p in (ptr..ptr + bytes).step_by(page as usize) {
+            s.mapped_pages.remove(&p);
         }
         s.used -= bytes;
         s.reservations.get_mut(&base).expect("found above").1 -= bytes;

@@ -41,6 +41,11 @@ impl PageMap {
         self.mapped_bytes == self.refs.len() as u64 * self.page
     }
 
+    /// Every page under `offset..offset+len` is mapped.
+    pub(crate) fn covers(&self, offset: u64, len: u64) -> bool {
+        self.pages_of(offset, len).all(|p| self.mapped[p])
+    }
+
     /// Runs `(offset, len)` of unmapped pages that a block at `offset..offset+len` needs.
     pub(crate) fn unmapped_runs(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> = Vec::new();

@@ -100,8 +100,12 @@ pub fn check_invariants(name: &str, alloc: &Allocator, dev: &SimDevice, live: &[
             w[1].0
         );
     }
-    for &(p, _) in &sorted {
+    for &(p, len) in &sorted {
         assert_eq!(p % 256, 0, "{name}: pointer {p:#x} not 256-byte aligned");
+        assert!(
+            dev.is_backed(p, len),
+            "{name}: block {p:#x}+{len} lies over unmapped pages"
+        );
     }
     let st = alloc.stats();
     let live_bytes: u64 = live.iter().map(|l| l.1).sum();
@@ -111,6 +115,12 @@ pub fn check_invariants(name: &str, alloc: &Allocator, dev: &SimDevice, live: &[
         st.reserved_bytes.current,
         st.live_bytes.current + st.idle_bytes.current + st.rounding_bytes,
         "{name}: reserved = live + idle + rounding"
+    );
+    assert!(
+        st.releasable_idle_bytes <= st.idle_bytes.current,
+        "{name}: releasable {} > idle {}",
+        st.releasable_idle_bytes,
+        st.idle_bytes.current
     );
     // Rounding per block: 256-byte alignment plus log-linear size classes (at most 12.5%) or
     // granule rounding (what passthrough's driver allocation would consume).

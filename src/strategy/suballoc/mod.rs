@@ -188,16 +188,22 @@ impl Suballoc {
     }
 
     /// Serves `bytes` from free slab space only (no driver call), or None. The last resort on
-    /// out-of-memory: a best-fit scan of every usable free block, O(blocks).
+    /// out-of-memory: a best-fit scan of every usable free block, O(blocks). In a paged slab
+    /// only a block whose pages are all mapped qualifies (mapping more would be a driver call,
+    /// and handing out unmapped memory a fault on the GPU).
     #[cold]
     pub fn allocate_existing(&mut self, bytes: u64, stream: StreamId) -> Option<Grant> {
         let usable = |list: u16| list != USED && self.list_stream[list as usize].is_none_or(|s| s == stream);
+        let mapped = |n: &Node| match self.pages.get(n.slab as usize) {
+            Some(Some(pm)) => pm.covers(n.addr - self.slabs[n.slab].base, bytes),
+            _ => true,
+        };
         let mut best: Option<(u64, u32)> = None;
         for slab_head in self.slabs_heads() {
             let mut i = slab_head;
             while i != NIL {
                 let n = self.nodes[i];
-                if usable(n.list) && n.size >= bytes && best.is_none_or(|(s, _)| n.size < s) {
+                if usable(n.list) && n.size >= bytes && best.is_none_or(|(s, _)| n.size < s) && mapped(&n) {
                     best = Some((n.size, i));
                 }
                 i = n.phys_next;
