@@ -1,5 +1,5 @@
 //! The allocator's hot paths in a loop, for instruction counts under
-//! `valgrind --tool=callgrind target/release/examples/hotpath [pair|churn|churn-adaptive|threads|lock] [N] [SIZE]`
+//! `valgrind --tool=callgrind target/release/examples/hotpath [pair|churn|churn-adaptive|churn-offset|threads|lock] [N] [SIZE]`
 //! (`threads`: SIZE threads on one allocator; a timing, not for callgrind)
 //! (instruction counts repeat exactly on a noisy machine, unlike timings).
 
@@ -70,6 +70,19 @@ fn main() {
                 t.elapsed().as_nanos() as f64 / n as f64
             );
         }
+        "churn-offset" => {
+            // The same churn through offset-allocator (a dev-dependency), for comparison.
+            let mut oa = offset_allocator::Allocator::<u32>::new(u32::MAX);
+            let mut rng = SplitMix64(42);
+            let mut slots: Vec<_> = (0..256).map(|_| oa.allocate(16).expect("allocate")).collect();
+            for _ in 0..n {
+                let bits = 8 + rng.below(19);
+                let size = (1u64 << bits) + rng.below(1 << bits) / 2 / 256 * 256;
+                let slot = rng.below(256) as usize;
+                oa.free(slots[slot]);
+                slots[slot] = oa.allocate((size / 256) as u32).expect("allocate");
+            }
+        }
         "lock" => {
             // The floor under every allocator call: an uncontended lock and unlock, twice a pair.
             let m = parking_lot::Mutex::new(0u64);
@@ -83,6 +96,6 @@ fn main() {
                 t.elapsed().as_nanos() as f64 / n as f64
             );
         }
-        other => eprintln!("unknown workload {other}: pair, churn, churn-adaptive, threads or lock"),
+        other => eprintln!("unknown workload {other}: pair, churn, churn-adaptive, churn-offset, threads or lock"),
     }
 }
