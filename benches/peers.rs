@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use adaptalloc::device::{CostModel, Device};
 use adaptalloc::rng::SplitMix64;
 use adaptalloc::{Allocator, SimDevice, StrategyKind};
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 
 fn device() -> Arc<dyn Device> {
     Arc::new(
@@ -164,6 +165,24 @@ fn churn_ops(n: usize, live: usize) -> Vec<(usize, u64)> {
         .collect()
 }
 
+/// Times one churn step: `replace(slot, size)` frees the block in `slot` and allocates `size`
+/// in its place, walking the seeded `ops` in turn.
+fn churn_with(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    ops: &[(usize, u64)],
+    mut replace: impl FnMut(usize, u64),
+) {
+    let mut i = 0;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            let (slot, size) = ops[i % ops.len()];
+            i += 1;
+            replace(slot, size);
+        })
+    });
+}
+
 fn churn(c: &mut Criterion) {
     const LIVE: usize = 256;
     let ops = churn_ops(1 << 16, LIVE);
@@ -175,14 +194,9 @@ fn churn(c: &mut Criterion) {
     ];
     for (name, alloc) in &ours {
         let mut slots: Vec<u64> = (0..LIVE).map(|_| alloc.allocate_raw(4096, 0).unwrap()).collect();
-        let mut i = 0;
-        g.bench_function(*name, |b| {
-            b.iter(|| {
-                let (slot, size) = ops[i % ops.len()];
-                i += 1;
-                alloc.deallocate(slots[slot], 0).unwrap();
-                slots[slot] = alloc.allocate_raw(size, 0).unwrap();
-            })
+        churn_with(&mut g, name, &ops, |slot, size| {
+            alloc.deallocate(slots[slot], 0).unwrap();
+            slots[slot] = alloc.allocate_raw(size, 0).unwrap();
         });
         for p in slots {
             alloc.deallocate(p, 0).unwrap();
@@ -190,27 +204,17 @@ fn churn(c: &mut Criterion) {
     }
     let mut oa = offset_allocator::Allocator::<u32>::new(u32::MAX);
     let mut slots: Vec<_> = (0..LIVE).map(|_| oa.allocate(16).unwrap()).collect();
-    let mut i = 0;
-    g.bench_function("offset-allocator", |b| {
-        b.iter(|| {
-            let (slot, size) = ops[i % ops.len()];
-            i += 1;
-            oa.free(slots[slot]);
-            slots[slot] = oa.allocate((size / 256) as u32).unwrap();
-        })
+    churn_with(&mut g, "offset-allocator", &ops, |slot, size| {
+        oa.free(slots[slot]);
+        slots[slot] = oa.allocate((size / 256) as u32).unwrap();
     });
     #[cfg(feature = "peers")]
     {
         let mut mm = cubecl::new(device());
         let mut slots: Vec<_> = (0..LIVE).map(|_| Some(mm.reserve(4096, None))).collect();
-        let mut i = 0;
-        g.bench_function("cubecl", |b| {
-            b.iter(|| {
-                let (slot, size) = ops[i % ops.len()];
-                i += 1;
-                slots[slot] = None; // released first, as the others free before allocating
-                slots[slot] = Some(mm.reserve(size, None));
-            })
+        churn_with(&mut g, "cubecl", &ops, |slot, size| {
+            slots[slot] = None; // released first, as the others free before allocating
+            slots[slot] = Some(mm.reserve(size, None));
         });
     }
     #[cfg(feature = "peers")]
@@ -218,26 +222,16 @@ fn churn(c: &mut Criterion) {
         use adaptalloc::trace::ReplayTarget;
         let ga = adaptalloc::peers::GpuAllocPeer::new(device());
         let mut slots: Vec<u64> = (0..LIVE).map(|_| ga.allocate(4096, 0).unwrap()).collect();
-        let mut i = 0;
-        g.bench_function("gpu-alloc", |b| {
-            b.iter(|| {
-                let (slot, size) = ops[i % ops.len()];
-                i += 1;
-                ga.deallocate(slots[slot], 0);
-                slots[slot] = ga.allocate(size, 0).unwrap();
-            })
+        churn_with(&mut g, "gpu-alloc", &ops, |slot, size| {
+            ga.deallocate(slots[slot], 0);
+            slots[slot] = ga.allocate(size, 0).unwrap();
         });
     }
     let mut ra = range_alloc::RangeAllocator::new(0u64..1 << 44);
     let mut slots: Vec<_> = (0..LIVE).map(|_| ra.allocate_range(4096).unwrap()).collect();
-    let mut i = 0;
-    g.bench_function("range-alloc", |b| {
-        b.iter(|| {
-            let (slot, size) = ops[i % ops.len()];
-            i += 1;
-            ra.free_range(slots[slot].clone());
-            slots[slot] = ra.allocate_range(size).unwrap();
-        })
+    churn_with(&mut g, "range-alloc", &ops, |slot, size| {
+        ra.free_range(slots[slot].clone());
+        slots[slot] = ra.allocate_range(size).unwrap();
     });
     g.finish();
 }

@@ -55,6 +55,17 @@ fn traces() -> Vec<Trace> {
     out
 }
 
+/// A Markdown table header: `before` columns, one per contender (ours, then peers), `after`.
+fn print_header(before: &[&str], after: &[&str]) {
+    let cols: Vec<&str> = before
+        .iter()
+        .copied()
+        .chain(Contender::all().iter().map(|c| c.name()))
+        .chain(after.iter().copied())
+        .collect();
+    println!("| {} |\n|{}", cols.join(" | "), "---|".repeat(cols.len()));
+}
+
 fn main() {
     let means = criterion_means(&Path::new(env!("CARGO_MANIFEST_DIR")).join("target/criterion"));
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -139,11 +150,12 @@ fn main() {
         };
         let result = compare(&traces, &opts);
         println!("### {label}\n");
-        let names: Vec<&str> = Contender::all().iter().map(|c| c.name()).collect();
-        println!(
-            "| trace | {} | adaptive / best other that completes | adaptive / best peer that completes |\n|---|{}---|---|",
-            names.join(" | "),
-            "---|".repeat(names.len())
+        print_header(
+            &["trace"],
+            &[
+                "adaptive / best other that completes",
+                "adaptive / best peer that completes",
+            ],
         );
         for t in &result.traces {
             let cells: Vec<String> = t
@@ -194,12 +206,7 @@ fn main() {
         println!();
     }
     println!("## Sweep: the smallest device on which each strategy completes each trace (x peak live)\n");
-    let names: Vec<&str> = Contender::all().iter().map(|c| c.name()).collect();
-    println!(
-        "| trace | peak live | {} |\n|---|---|{}",
-        names.join(" | "),
-        "---|".repeat(names.len())
-    );
+    print_header(&["trace", "peak live"], &[]);
     let opts = CompareOptions::default();
     for t in &traces {
         let peak = t.peak_live_bytes();

@@ -74,6 +74,8 @@ struct Live {
     block: u64,
     stream: StreamId,
     strategy: u8,
+    /// Size class of the request ([`bucket_of`]), for the engine when it is freed.
+    bucket: u8,
     meta: BlockMeta,
 }
 
@@ -132,7 +134,7 @@ impl State {
     /// touch several).
     fn refresh(&mut self) {
         for (seen, s) in self.seen.iter_mut().zip(&self.strategies) {
-            *seen = (s.reserved_bytes(), s.idle_bytes());
+            *seen = s.held_bytes();
         }
         let reserved = self.seen.iter().map(|s| s.0).sum();
         let idle = self.seen.iter().map(|s| s.1).sum();
@@ -400,12 +402,15 @@ impl Shared {
         let mut st = self.lock_state();
         st.op += 1;
         let si = st.routes[bucket] as usize;
-        // Fast path: a waiting cached block of the routed class. Cost: one bin lookup, two list
-        // unlinks, a live-table insert and a few counter adds (~300 instructions with the lock;
-        // callgrind on examples/hotpath.rs). Idle shrinks by the block; nothing else moves.
-        if !st.pressure {
-            if let Strategy::Caching(c) = &mut st.strategies[si] {
-                if let Some(grant) = c.allocate_cached(&self.device, aligned, stream) {
+        // The strategy serves it. Fast path: a waiting cached block of the routed class. Cost:
+        // one bin lookup, two list unlinks, a live-table insert and a few counter adds (~700
+        // instructions a pair with the lock; callgrind on examples/hotpath.rs). Idle shrinks by
+        // the block; nothing else moves. A cache miss goes to the driver without looking again.
+        let attempt = if st.pressure {
+            Self::allocate_compact(&mut st, si, aligned, stream, &self.device)
+        } else if let Strategy::Caching(c) = &mut st.strategies[si] {
+            match c.allocate_cached(&self.device, aligned, stream) {
+                Some(grant) => {
                     st.strategy_stats[si].hits += 1;
                     st.seen[si].1 -= grant.block_bytes;
                     st.stats.idle_bytes.sub(grant.block_bytes);
@@ -413,11 +418,8 @@ impl Shared {
                     st.maybe_tick(&self.device);
                     return Ok(grant.ptr);
                 }
+                None => c.allocate_new(&self.device, aligned, stream).map(|g| (g, si)),
             }
-        }
-        // The strategy serves it (a slab carve makes no driver call; a miss does).
-        let attempt = if st.pressure {
-            Self::allocate_compact(&mut st, si, aligned, stream, &self.device)
         } else {
             st.strategies[si]
                 .allocate(&self.device, aligned, stream)
@@ -465,6 +467,7 @@ impl Shared {
                 block: grant.block_bytes,
                 stream,
                 strategy: si as u8,
+                bucket: bucket as u8,
                 meta: grant.meta,
             },
         );
@@ -644,12 +647,7 @@ impl Shared {
         let si = live.strategy as usize;
         st.strategies[si].deallocate(dev, ptr, live.block, live.meta, live.stream, op);
         if let Some(e) = st.engine.as_deref_mut() {
-            e.on_free(
-                bucket_of(align_up(live.requested, ALIGNMENT)),
-                live.requested,
-                op - live.born,
-                op,
-            );
+            e.on_free(live.bucket as usize, live.requested, op - live.born, op);
         }
         st.stats.live_bytes.sub(live.requested);
         st.stats.live_blocks.sub(1);

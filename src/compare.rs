@@ -100,19 +100,11 @@ impl Contender {
     pub fn target(self, dev: Arc<dyn Device>) -> Box<dyn ReplayTarget> {
         match self.build(dev.clone()) {
             Some(alloc) => Box::new(alloc),
-            None => self.peer(dev),
+            #[cfg(feature = "peers")]
+            None => Box::new(crate::peers::GpuAllocPeer::new(dev)),
+            #[cfg(not(feature = "peers"))]
+            None => unreachable!("without the peers feature every contender is an adaptalloc allocator"),
         }
-    }
-
-    #[cfg(feature = "peers")]
-    fn peer(self, dev: Arc<dyn Device>) -> Box<dyn ReplayTarget> {
-        Box::new(crate::peers::GpuAllocPeer::new(dev))
-    }
-
-    #[cfg(not(feature = "peers"))]
-    fn peer(self, dev: Arc<dyn Device>) -> Box<dyn ReplayTarget> {
-        // Without peers every contender is ours and `build` never returns None.
-        Box::new(Allocator::adaptive(dev))
     }
 
     /// A fresh adaptalloc allocator of this kind on `dev`; `None` for a peer allocator.

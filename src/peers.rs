@@ -206,9 +206,9 @@ impl ReplayTarget for GpuAllocPeer {
 
     fn reset_peaks(&self) {
         let mut g = self.inner.lock();
-        g.live_bytes.peak = g.live_bytes.current;
+        g.live_bytes.reset_peak();
         let mut r = g.device.reserved.get();
-        r.peak = r.current;
+        r.reset_peak();
         g.device.reserved.set(r);
     }
 

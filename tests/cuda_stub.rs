@@ -36,21 +36,25 @@ fn build_stub(tag: &str) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// The stub's folder, or None (after printing why) where a real driver is present or no C
+/// compiler builds the stub.
+fn stub_or_skip(tag: &str) -> Option<PathBuf> {
+    if CudaDevice::driver_present() {
+        common::skip("a real CUDA driver is present; the stub test runs where there is none");
+        return None;
+    }
+    build_stub(tag)
+        .map_err(|e| common::skip(&format!("stub libcuda not built: {e}")))
+        .ok()
+}
+
 #[test]
 fn cuda_device_runs_on_a_stub_libcuda() {
     if std::env::var_os(CHILD).is_some() {
         return child();
     }
-    if CudaDevice::driver_present() {
-        common::skip("a real CUDA driver is present; the stub test runs where there is none");
+    let Some(dir) = stub_or_skip("device") else {
         return;
-    }
-    let dir = match build_stub("device") {
-        Ok(d) => d,
-        Err(e) => {
-            common::skip(&format!("stub libcuda not built: {e}"));
-            return;
-        }
     };
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
@@ -198,16 +202,8 @@ fn child() {
 /// with every strategy and CUDA's pool replaying a small workload through the driver.
 #[test]
 fn gpu_bench_runs_on_a_stub_libcuda() {
-    if CudaDevice::driver_present() {
-        common::skip("a real CUDA driver is present; the stub test runs where there is none");
+    let Some(dir) = stub_or_skip("bench") else {
         return;
-    }
-    let dir = match build_stub("bench") {
-        Ok(d) => d,
-        Err(e) => {
-            common::skip(&format!("stub libcuda not built: {e}"));
-            return;
-        }
     };
     let cost = dir.join("stub-gpu.toml");
     let results = dir.join("results.md");

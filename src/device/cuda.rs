@@ -118,6 +118,16 @@ impl CudaDevice {
         self.vmm_page
     }
 
+    /// The driver refused `bytes`: the error with the device's free and total memory now.
+    pub(super) fn out_of_memory(&self, bytes: u64) -> DeviceError {
+        let info = self.mem_info().unwrap_or(MemInfo { free: 0, total: 0 });
+        DeviceError::OutOfMemory {
+            requested: ByteSize(bytes),
+            free: ByteSize(info.free),
+            total: ByteSize(info.total),
+        }
+    }
+
     pub(super) fn make_current(&self) -> Result<(), DeviceError> {
         // SAFETY: the context was retained in `new` and is released only in Drop.
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.context) })
@@ -137,12 +147,7 @@ impl Device for CudaDevice {
         if result == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
             stats.failed_allocs += 1;
             drop(stats);
-            let info = self.mem_info().unwrap_or(MemInfo { free: 0, total: 0 });
-            return Err(DeviceError::OutOfMemory {
-                requested: ByteSize(bytes),
-                free: ByteSize(info.free),
-                total: ByteSize(info.total),
-            });
+            return Err(self.out_of_memory(bytes));
         }
         if let Err(e) = check("cuMemAlloc_v2", result) {
             stats.failed_allocs += 1;

@@ -186,7 +186,7 @@ impl ReplayTarget for CudaPool {
             tracing::error!(error = %e, "cannot reset the pool's high watermark");
         }
         let mut s = self.state.lock();
-        s.live_bytes.peak = s.live_bytes.current;
+        s.live_bytes.reset_peak();
     }
 
     fn device(&self) -> &Arc<dyn Device> {

@@ -13,9 +13,8 @@ use std::time::Instant;
 use cudarc::driver::sys;
 
 use super::cuda::check;
-use super::{CudaDevice, Device, DevicePtr, VirtualMemory};
+use super::{CudaDevice, DevicePtr, VirtualMemory};
 use crate::error::DeviceError;
-use crate::size::ByteSize;
 
 /// Whether `device` supports VMM, and its mapping granule; None when not (or turned off).
 pub(super) fn probe(device: sys::CUdevice, ordinal: i32) -> Option<u64> {
@@ -74,12 +73,7 @@ impl CudaDevice {
         // SAFETY: `handle` and `prop` are live locals; the context is current (checked by map).
         let r = unsafe { sys::cuMemCreate(&mut handle, page as usize, &prop, 0) };
         if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            let info = self.mem_info().unwrap_or(super::MemInfo { free: 0, total: 0 });
-            return Err(DeviceError::OutOfMemory {
-                requested: ByteSize(page),
-                free: ByteSize(info.free),
-                total: ByteSize(info.total),
-            });
+            return Err(self.out_of_memory(page));
         }
         check("cuMemCreate", r)?;
         // SAFETY: `va` is a page-aligned address inside one of our reservations (the caller's
@@ -103,6 +97,20 @@ impl CudaDevice {
             return Err(e);
         }
         Ok(())
+    }
+}
+
+impl CudaDevice {
+    /// Unmaps the pages of `ptr..ptr+bytes`, each its own mapping (cuMemUnmap only unmaps whole
+    /// mappings); all are tried, the first error is returned.
+    fn unmap_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let mut result = Ok(());
+        for va in (ptr..ptr + bytes).step_by(self.page() as usize) {
+            // SAFETY: every page of the range was mapped by `map_page` (the callers' contract).
+            let r = check("cuMemUnmap", unsafe { sys::cuMemUnmap(va, self.page() as usize) });
+            result = result.and(r);
+        }
+        result
     }
 }
 
@@ -149,12 +157,7 @@ impl VirtualMemory for CudaDevice {
         }
         if result.is_err() {
             // Failure changes nothing: unmap what this call mapped.
-            let mut off = 0;
-            while off < done {
-                // SAFETY: each of these pages was mapped above by this call.
-                let _ = unsafe { sys::cuMemUnmap(ptr + off, page as usize) };
-                off += page;
-            }
+            let _ = self.unmap_pages(ptr, done);
         }
         let mut stats = self.stats.lock();
         stats.driver_ns += start.elapsed().as_nanos() as u64;
@@ -173,19 +176,8 @@ impl VirtualMemory for CudaDevice {
 
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.make_current()?;
-        let page = self.page();
         let start = Instant::now();
-        let mut off = 0;
-        let mut result = Ok(());
-        while off < bytes {
-            // SAFETY: the pages of `ptr..ptr+bytes` were mapped by `map` (the trait's contract),
-            // each as its own mapping.
-            let r = check("cuMemUnmap", unsafe { sys::cuMemUnmap(ptr + off, page as usize) });
-            if result.is_ok() {
-                result = r;
-            }
-            off += page;
-        }
+        let result = self.unmap_pages(ptr, bytes);
         let mut stats = self.stats.lock();
         stats.driver_ns += start.elapsed().as_nanos() as u64;
         stats.driver_frees += 1;

@@ -443,13 +443,7 @@ impl Engine {
             return;
         }
         let mut need = idle - target;
-        let can_release: u64 = strategies
-            .iter()
-            .map(|s| match s {
-                Strategy::Suballoc(sub) => sub.empty_bytes(),
-                other => other.releasable_bytes(),
-            })
-            .sum();
+        let can_release: u64 = strategies.iter().map(|s| s.releasable(unmap_pages)).sum();
         // Over max_idle mostly because of free space inside slabs with live blocks, which cannot
         // go back: releasing cached blocks would not meet the bound and would strip the cache of
         // blocks soon asked for again (driver calls for nothing); empty slabs still go.

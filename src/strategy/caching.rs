@@ -132,10 +132,7 @@ impl Caching {
     pub(super) fn allocate(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
         match self.allocate_cached(dev, bytes, stream) {
             Some(g) => Ok(g),
-            None => {
-                let block_bytes = self.block_size(dev, bytes);
-                self.allocate_slow(dev, block_bytes, stream)
-            }
+            None => self.allocate_new(dev, bytes, stream),
         }
     }
 
@@ -202,8 +199,11 @@ impl Caching {
         b
     }
 
+    /// A new block from the driver for `bytes` (after [`allocate_cached`](Caching::allocate_cached)
+    /// found none).
     #[cold]
-    fn allocate_slow(&mut self, dev: &dyn Device, block_bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
+    pub fn allocate_new(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
+        let block_bytes = self.block_size(dev, bytes);
         let ptr = dev.allocate(block_bytes)?;
         self.reserved += block_bytes;
         Ok(Grant {

@@ -190,10 +190,17 @@ impl Strategy {
 
     /// Idle bytes that [`release_idle`](Strategy::release_idle) would give back.
     pub fn releasable_bytes(&self) -> u64 {
+        self.releasable(true)
+    }
+
+    /// Idle bytes [`release_down_to`](Strategy::release_down_to) can reach with `unmap_pages`:
+    /// cached blocks and empty slabs, and with it unused pages of slabs in use.
+    pub fn releasable(&self, unmap_pages: bool) -> u64 {
         match self {
             Strategy::Passthrough(_) => 0,
             Strategy::Caching(s) => s.idle_bytes(),
-            Strategy::Suballoc(s) => s.releasable_bytes(),
+            Strategy::Suballoc(s) if unmap_pages => s.releasable_bytes(),
+            Strategy::Suballoc(s) => s.empty_bytes(),
         }
     }
 

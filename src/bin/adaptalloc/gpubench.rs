@@ -39,9 +39,15 @@ pub struct Args {
     lenient: bool,
 }
 
+/// The `f` quantile (0..=1) of sorted values; 0 when there are none.
+fn quantile(sorted: &[u64], f: f64) -> u64 {
+    let i = ((sorted.len().max(1) - 1) as f64 * f).round() as usize;
+    sorted.get(i).copied().unwrap_or(0)
+}
+
 fn median(mut v: Vec<u64>) -> u64 {
     v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
+    quantile(&v, 0.5)
 }
 
 /// A file-name-safe form of the GPU's name ("NVIDIA H200" -> "nvidia-h200").
@@ -181,7 +187,7 @@ fn results_row(trace: &Trace, name: &str, target: &dyn ReplayTarget, repeat: u32
     let m = replay_with(trace, &timed, ReplayOptions { repeat }, |_| {});
     let mut ns = timed.ns.into_inner();
     ns.sort_unstable();
-    let q = |f: f64| ns.get(((ns.len() as f64 - 1.0) * f) as usize).copied().unwrap_or(0);
+    let q = |f: f64| quantile(&ns, f);
     let mean = ns.iter().sum::<u64>() as f64 / ns.len().max(1) as f64;
     format!(
         "| {} | {name} | {} | {} | {:.1} | {:.0} | {} | {} | {:.3} |\n",

@@ -36,12 +36,13 @@ pub(super) fn mapping(size: u64) -> (usize, usize) {
 #[inline]
 pub(super) fn mapping_search(size: u64) -> (usize, usize) {
     let u = size >> UNIT_SHIFT;
-    if u < SL as u64 {
-        return (0, u as usize);
-    }
-    let f = 63 - u.leading_zeros();
-    let rounded = u.saturating_add((1u64 << (f - SL_BITS)) - 1);
-    mapping(rounded << UNIT_SHIFT)
+    // Lists below SL units hold one size each; above, a list spans `step` units.
+    let step = if u < SL as u64 {
+        1
+    } else {
+        1u64 << (63 - u.leading_zeros() - SL_BITS)
+    };
+    mapping(u.saturating_add(step - 1) << UNIT_SHIFT)
 }
 
 impl Suballoc {
