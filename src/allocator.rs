@@ -258,7 +258,7 @@ impl Allocator {
         {
             let mut st = alloc.shared.state.lock();
             let kinds = st.strategies.iter().map(Strategy::kind).collect();
-            let engine = Engine::new(policy, kinds, total);
+            let engine = Engine::new(policy, kinds, total, alloc.shared.device.footprint_model());
             st.routes = engine.initial_routes();
             st.engine = Some(Box::new(engine));
         }
@@ -421,9 +421,7 @@ impl Shared {
                 None => c.allocate_new(&self.device, aligned, stream).map(|g| (g, si)),
             }
         } else {
-            st.strategies[si]
-                .allocate(&self.device, aligned, stream)
-                .map(|g| (g, si))
+            Self::allocate_routed(&mut st, si, aligned, stream, &self.device)
         };
         // Only the routed strategy changed, unless placement under pressure or recovery ran.
         let mut one_touched = !st.pressure;
@@ -452,6 +450,31 @@ impl Shared {
         }
         st.maybe_tick(&self.device);
         Ok(grant.ptr)
+    }
+
+    /// A request routed to a strategy other than a cache hit. Slabs run under the strand guard:
+    /// a placement that would pin memory the driver would not consume for the block (say, a
+    /// small block opening a fresh 2 MiB page) while the slabs already pin more than the budget
+    /// over their blocks' footprint gets an exact-size cached block instead, so what the
+    /// allocator cannot give back stays near passthrough's footprint.
+    #[inline]
+    fn allocate_routed(
+        st: &mut State,
+        si: usize,
+        aligned: u64,
+        stream: StreamId,
+        dev: &dyn Device,
+    ) -> Result<(crate::strategy::Grant, usize), DeviceError> {
+        if let Strategy::Suballoc(sub) = &mut st.strategies[si] {
+            if let Some(g) = sub.allocate_guarded(dev, aligned, stream)? {
+                return Ok((g, si));
+            }
+            if let Some(ci) = st.strategies.iter().position(|s| s.kind() == StrategyKind::Caching) {
+                st.stats.strand_refusals += 1;
+                return st.strategies[ci].allocate(dev, aligned, stream).map(|g| (g, ci));
+            }
+        }
+        st.strategies[si].allocate(dev, aligned, stream).map(|g| (g, si))
     }
 
     /// Records a granted block as live: the live table, the engine's class statistics and the
@@ -556,7 +579,7 @@ impl Shared {
         stream: StreamId,
         dev: &dyn Device,
     ) -> Result<(crate::strategy::Grant, usize), DeviceError> {
-        if let Some(found) = Self::reuse_without_driver(st, aligned, stream, dev) {
+        if let Some(found) = Self::reuse_without_driver(st, aligned, stream, dev, true) {
             return Ok(found);
         }
         let i = st
@@ -586,10 +609,11 @@ impl Shared {
         aligned: u64,
         stream: StreamId,
         dev: &dyn Device,
+        strict: bool,
     ) -> Option<(crate::strategy::Grant, usize)> {
         st.strategies.iter_mut().enumerate().find_map(|(i, s)| {
             let hit = match s {
-                Strategy::Suballoc(sub) => sub.allocate_existing(aligned, stream),
+                Strategy::Suballoc(sub) => sub.allocate_existing(dev, aligned, stream, strict),
                 Strategy::Caching(c) => c.allocate_cached(dev, aligned, stream),
                 Strategy::Passthrough(_) => None,
             };
@@ -607,7 +631,7 @@ impl Shared {
         stream: StreamId,
         dev: &dyn Device,
     ) -> Option<(crate::strategy::Grant, usize)> {
-        if let Some(found) = Self::reuse_without_driver(st, aligned, stream, dev) {
+        if let Some(found) = Self::reuse_without_driver(st, aligned, stream, dev, false) {
             return Some(found);
         }
         let i = st
@@ -666,6 +690,14 @@ impl Shared {
         stats.driver_allocs = self.device.allocs.load(Ordering::Relaxed);
         stats.driver_frees = self.device.frees.load(Ordering::Relaxed);
         stats.releasable_idle_bytes = st.strategies.iter().map(Strategy::releasable_bytes).sum();
+        stats.stranded_bytes = st
+            .strategies
+            .iter()
+            .map(|s| match s {
+                Strategy::Suballoc(sub) => sub.stranded_bytes(),
+                _ => 0,
+            })
+            .sum();
         stats
     }
 

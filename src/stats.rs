@@ -79,6 +79,12 @@ pub struct Stats {
     pub oom_recoveries: u64,
     /// Requests that failed (typed errors returned to the caller).
     pub failed_allocs: u64,
+    /// Requests routed to slabs that the strand guard gave exact-size blocks instead (a slab
+    /// placement would have pinned memory the driver would not consume for them).
+    pub strand_refusals: u64,
+    /// Bytes that live blocks in slabs pin beyond what the driver would consume for them as
+    /// separate allocations (memory no release can reach while they live).
+    pub stranded_bytes: u64,
     /// Hits and misses of each strategy in use.
     pub per_strategy: Vec<(StrategyKind, StrategyStats)>,
 }

@@ -17,38 +17,86 @@ fn is_training(t: &Trace) -> bool {
     t.name.contains("train") || t.name == "training"
 }
 
-/// Zero configuration never fails where passthrough completes. Measured floor today: from 1.1x
-/// passthrough's smallest capacity on every trace; below that, fragmentation inside slabs can
-/// fail a request that passthrough's exact driver allocations would fit (printed, not asserted).
+/// Failed allocations measured at passthrough's exact minimum, per workload, on the workloads
+/// this was measured on (every other one of them: 0). A ceiling, so that it cannot creep back;
+/// workloads not listed in `MEASURED` are reported, not asserted.
+const AT_EXACT_MINIMUM: &[(&str, u64)] = &[
+    ("gpu-medium-ctx128-train.csv", 1),
+    ("gpu-medium-ctx512-train.csv", 1),
+    ("small-churn", 2),
+];
+const MEASURED: &[&str] = &[
+    "cpu-gpt2-train.csv",
+    "cpu-mobilenetv2-train.csv",
+    "cpu-resnet18-train.csv",
+    "gpu-medium-ctx1024-infer.csv",
+    "gpu-medium-ctx1024-train.csv",
+    "gpu-medium-ctx128-infer.csv",
+    "gpu-medium-ctx128-train.csv",
+    "gpu-medium-ctx256-infer.csv",
+    "gpu-medium-ctx256-train.csv",
+    "gpu-medium-ctx512-infer.csv",
+    "gpu-medium-ctx512-train.csv",
+    "gpu-small-fwd-bf16.csv",
+    "gpu-small-fwd-fp32.csv",
+    "training",
+    "serving",
+    "phase-change",
+    "small-churn",
+];
+
+/// Zero configuration never fails where passthrough completes. Asserted from 1.05x
+/// passthrough's smallest capacity on every workload. At exactly that capacity passthrough has
+/// no byte to spare at its peak, and anything held beyond its footprint then fails a request:
+/// the strand guard and page-aligned placement bring that to 4 failed allocations on 3 of 17
+/// workloads (65 on 10 before them), checked against `AT_EXACT_MINIMUM`.
 #[test]
 fn default_never_fails_where_passthrough_completes() {
     let opts = CompareOptions::default();
+    let mut at_exact_minimum = 0;
     for t in all_traces() {
         let min = passthrough_min_capacity(&t, Granularity::default());
         for factor in [1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 4.0] {
             let cap = (min as f64 * factor) as u64;
             let pass = run_one(&t, Contender::Passthrough, cap, &opts);
             assert!(
-                pass.completed || factor < 1.0,
+                pass.completed,
                 "{}: passthrough fails at {factor}x its own minimum",
                 t.name
             );
             let ours = run_one(&t, Contender::Adaptive, cap, &opts);
-            if ours.failed_allocs > 0 {
-                common::known_gap(&format!(
-                    "{} at {factor}x passthrough's minimum: {} failed",
-                    t.name, ours.failed_allocs
-                ));
-            }
-            if factor >= 1.1 {
+            if factor > 1.0 {
                 assert_eq!(
                     ours.failed_allocs, 0,
                     "{} at {factor}x passthrough's minimum ({cap} B)",
                     t.name
                 );
+                continue;
+            }
+            at_exact_minimum += ours.failed_allocs;
+            if ours.failed_allocs > 0 {
+                common::known_gap(&format!(
+                    "{} at passthrough's exact minimum: {} failed",
+                    t.name, ours.failed_allocs
+                ));
+            }
+            if MEASURED.contains(&t.name.as_str()) {
+                let ceiling = AT_EXACT_MINIMUM
+                    .iter()
+                    .find(|(n, _)| *n == t.name)
+                    .map_or(0, |&(_, c)| c);
+                assert!(
+                    ours.failed_allocs <= ceiling,
+                    "{} at passthrough's exact minimum: {} failed (measured {ceiling})",
+                    t.name,
+                    ours.failed_allocs
+                );
             }
         }
     }
+    common::figure(&format!(
+        "failed allocations at passthrough's exact minimum, all workloads: {at_exact_minimum}"
+    ));
 }
 
 #[test]

@@ -228,8 +228,11 @@ fn idle_memory_goes_back_within_a_bounded_number_of_operations() {
         for (i, e) in t.events.iter().enumerate() {
             if i == grab_at {
                 // Take all but a sliver of what is free: free memory falls under the headroom.
+                // (Whole driver pages: the co-tenant's allocation is rounded up to them.)
                 let free = dev.capacity() - dev.used_bytes();
-                dev.tenant_take(1, free.saturating_sub(headroom / 4)).unwrap();
+                let page = dev.granularity_model().large_granule;
+                dev.tenant_take(1, free.saturating_sub(headroom / 4) / page * page)
+                    .unwrap();
                 since = Some(0);
             }
             match e.op {

@@ -43,7 +43,9 @@ pub(super) fn probe(device: sys::CUdevice, ordinal: i32) -> Option<u64> {
             sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
         )
     };
-    (r == sys::CUresult::CUDA_SUCCESS && granule > 0).then_some(granule as u64)
+    // Page bookkeeping shifts by the page size: a granule that is not a power of two (none
+    // known) means whole allocations instead.
+    (r == sys::CUresult::CUDA_SUCCESS && granule.is_power_of_two()).then_some(granule as u64)
 }
 
 /// Pinned device memory on device `ordinal`.

@@ -36,6 +36,9 @@ impl Device for Metered {
     fn granularity(&self) -> u64 {
         self.inner.granularity()
     }
+    fn footprint_model(&self) -> super::Granularity {
+        self.inner.footprint_model()
+    }
     fn footprint(&self, bytes: u64) -> u64 {
         self.inner.footprint(bytes)
     }

@@ -83,14 +83,19 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     }
     /// The unit in which large driver allocations consume memory (2 MiB on CUDA).
     fn granularity(&self) -> u64;
-    /// Device memory a driver allocation of `bytes` really consumes. Default, as the CUDA driver
-    /// does: from 1 MiB, whole granules (2 MiB pages); below, 512-byte steps in shared pages.
-    fn footprint(&self, bytes: u64) -> u64 {
-        if bytes >= crate::size::MIB {
-            crate::size::round_up(bytes, self.granularity())
-        } else {
-            crate::size::round_up(bytes, 512)
+    /// How driver allocations consume memory. Default, as the CUDA driver does: from 1 MiB,
+    /// whole granules (2 MiB pages); below, 512-byte steps in shared pages.
+    fn footprint_model(&self) -> Granularity {
+        Granularity {
+            large_threshold: crate::size::MIB,
+            large_granule: self.granularity(),
+            small_granule: 512,
         }
+    }
+    /// Device memory a driver allocation of `bytes` really consumes
+    /// ([`footprint_model`](Device::footprint_model)).
+    fn footprint(&self, bytes: u64) -> u64 {
+        self.footprint_model().consumed(bytes)
     }
     /// Virtual memory management, where the device has it: reserve address ranges and map or
     /// unmap physical pages in them. None (the default) means whole allocations only.

@@ -357,6 +357,10 @@ impl Device for SimDevice {
         self.granularity.large_granule
     }
 
+    fn footprint_model(&self) -> Granularity {
+        self.granularity
+    }
+
     fn footprint(&self, bytes: u64) -> u64 {
         self.granularity.consumed(bytes)
     }

@@ -7,7 +7,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::{Policy, RoutingMode};
-use crate::device::Device;
+use crate::device::{Device, Granularity};
+use crate::size::{ALIGNMENT, align_up};
 use crate::stats::Counter;
 use crate::strategy::{Strategy, StrategyKind};
 
@@ -199,6 +200,14 @@ pub struct Engine {
     in_pressure: bool,
     /// Free memory was under `bounds.tight_below` at the last sample.
     tight: bool,
+    /// How the driver consumes memory, for `footprint`.
+    model: Granularity,
+    /// What the driver would consume for the live blocks as separate allocations, and its
+    /// peak: passthrough's footprint of this workload so far.
+    footprint: Counter,
+    /// The footprint fell under half its peak after the first routing interval: the workload
+    /// has shown a cycle (a step, a batch), and its peak so far is taken as its peak.
+    cycle_seen: bool,
     pub(crate) pressure_events: u64,
     pub(crate) released_by_bounds: u64,
     pub(crate) mem_info_samples: u64,
@@ -214,9 +223,9 @@ const MAX_LOG: usize = 10_000;
 const MAX_TIMELINE: usize = 4096;
 
 impl Engine {
-    /// An engine for `policy` on a device of `total` bytes, over the strategies `kinds` (in
-    /// the allocator's order).
-    pub fn new(policy: Policy, kinds: Vec<StrategyKind>, total: u64) -> Self {
+    /// An engine for `policy` on a device of `total` bytes whose driver consumes memory as
+    /// `model` says, over the strategies `kinds` (in the allocator's order).
+    pub fn new(policy: Policy, kinds: Vec<StrategyKind>, total: u64, model: Granularity) -> Self {
         let b = &policy.bounds;
         Engine {
             headroom: b.headroom.resolve(total),
@@ -229,6 +238,9 @@ impl Engine {
             last_free: total,
             in_pressure: false,
             tight: false,
+            model,
+            footprint: Counter::default(),
+            cycle_seen: false,
             pressure_events: 0,
             released_by_bounds: 0,
             mem_info_samples: 0,
@@ -280,6 +292,7 @@ impl Engine {
     /// Records a request (hot path: a few adds and a short scan of 4 sizes).
     #[inline]
     pub fn on_alloc(&mut self, bucket: usize, bytes: u64, op: u64) {
+        self.footprint.add(self.model.consumed(align_up(bytes, ALIGNMENT)));
         let c = &mut self.classes[bucket];
         c.requests += 1;
         c.w_requests += 1;
@@ -300,6 +313,7 @@ impl Engine {
     /// Records a free (hot path: a few adds).
     #[inline]
     pub fn on_free(&mut self, bucket: usize, bytes: u64, lifetime_ops: u64, op: u64) {
+        self.footprint.sub(self.model.consumed(align_up(bytes, ALIGNMENT)));
         let c = &mut self.classes[bucket];
         c.frees += 1;
         c.live.sub(bytes);
@@ -412,11 +426,16 @@ impl Engine {
             unmap_pages = true;
         }
         let limit = info.free.saturating_sub(self.headroom);
-        // Hysteresis: tight under tight_below, roomy again only above 1.5x of it.
+        let budget = self.strand_budget(strategies, info.free, op);
+        let stranded: u64 = strategies.iter().map(Strategy::stranded_bytes).sum();
+        // Tight: free memory under tight_below while the slabs strand more than the guard's
+        // budget (small blocks then leave the slabs, so stranded pages drain). With the guard
+        // off, free memory alone decides. Hysteresis: roomy again only above 1.5x tight_below,
+        // or once stranding is down to half the budget.
         let tight = if self.tight {
-            (info.free as f64) < self.tight_below as f64 * 1.5
+            (info.free as f64) < self.tight_below as f64 * 1.5 && budget.is_none_or(|b| stranded > b / 2)
         } else {
-            info.free < self.tight_below
+            info.free < self.tight_below && budget.is_none_or(|b| stranded > b)
         };
         if tight != self.tight {
             self.tight = tight;
@@ -434,6 +453,7 @@ impl Engine {
         };
         for s in strategies.iter_mut() {
             if let Strategy::Suballoc(sub) = s {
+                sub.set_strand_budget(budget);
                 sub.set_slab_limit(limit);
                 sub.set_segregate(segregate);
                 sub.set_growth(growth);
@@ -465,6 +485,29 @@ impl Engine {
         self.log_release(op, released, || {
             format!("{reason} (free {} of headroom {headroom})", info.free)
         });
+    }
+
+    /// How much the slabs may strand (hold beyond what the driver would consume for their live
+    /// blocks, where no release reaches): `bounds.strand_share` of the memory expected free at
+    /// the workload's peak. The peak is passthrough's footprint at its highest so far, times
+    /// `bounds.peak_growth` until the workload has shown a cycle. None when the guard is off.
+    fn strand_budget(&mut self, strategies: &[Strategy], free: u64, op: u64) -> Option<u64> {
+        let b = &self.policy.bounds;
+        if self.policy.routing.mode != RoutingMode::Adaptive || !self.policy.suballoc.strand_guard {
+            return None;
+        }
+        let (now, peak) = (self.footprint.current, self.footprint.peak);
+        if !self.cycle_seen && op >= self.policy.routing.interval_ops && now < peak / 2 {
+            self.cycle_seen = true;
+            tracing::debug!(op, peak, "workload cycle seen: its peak so far is taken as its peak");
+        }
+        let expected_peak = if self.cycle_seen {
+            peak as f64
+        } else {
+            peak as f64 * b.peak_growth
+        };
+        let available = free + strategies.iter().map(Strategy::reserved_bytes).sum::<u64>();
+        Some(((available as f64 - expected_peak).max(0.0) * b.strand_share) as u64)
     }
 
     /// While the device is tight, requests under 1 MiB get exact-size cached blocks (a slab page

@@ -182,6 +182,16 @@ pub struct BoundsPolicy {
     pub idle_age_ops: u64,
     /// Operations between mem_info samples when no driver call forces one.
     pub mem_info_interval_ops: u64,
+    /// Share of the memory expected free at the workload's peak that live blocks in slabs may
+    /// strand: hold beyond what the driver would consume for them, where no release reaches
+    /// (a small block alone in a 2 MiB page). Over it, a slab placement that would strand more
+    /// gets an exact-size cached block instead (see `suballoc.strand_guard`). 0: never hold more
+    /// than passthrough would; larger values let slabs pack more freely.
+    pub strand_share: f64,
+    /// Until the workload has shown a cycle (live memory fell under half its peak), its peak
+    /// is taken to be this multiple of the peak so far when estimating the memory free at the
+    /// peak; afterwards the peak so far.
+    pub peak_growth: f64,
 }
 
 impl Default for BoundsPolicy {
@@ -194,6 +204,8 @@ impl Default for BoundsPolicy {
             max_idle: SizeOrFraction::Fraction(0.25),
             idle_age_ops: 200_000,
             mem_info_interval_ops: 1024,
+            strand_share: 0.5,
+            peak_growth: 4.0,
         }
     }
 }
@@ -237,6 +249,11 @@ pub struct SuballocPolicy {
     /// pages no live block touches when memory runs short (free space inside slabs is then
     /// never stranded).
     pub page_release: bool,
+    /// Under the adaptive policy, refuse slab placements that would strand memory beyond
+    /// `bounds.strand_share` of the memory expected free at the peak; such requests get
+    /// exact-size cached blocks. With it, what the allocator holds where no release can reach
+    /// stays within what the device can spare at the workload's peak.
+    pub strand_guard: bool,
 }
 
 /// When the suballocator segregates slabs by size class.
@@ -257,6 +274,7 @@ impl Default for SuballocPolicy {
             loose_growth: 0.25,
             segregate: Segregate::Never,
             page_release: true,
+            strand_guard: true,
         }
     }
 }
@@ -393,6 +411,21 @@ impl Policy {
                 "suballoc.growth",
                 s.growth.to_string(),
                 "a factor within 0..16 (0.25 is typical)",
+            );
+        }
+        let b = &self.bounds;
+        if !(b.strand_share >= 0.0 && b.strand_share.is_finite()) {
+            return bad(
+                "bounds.strand_share",
+                b.strand_share.to_string(),
+                "a share of 0 or more (0.5 is the default; 0 never strands)",
+            );
+        }
+        if !(1.0..=1000.0).contains(&b.peak_growth) {
+            return bad(
+                "bounds.peak_growth",
+                b.peak_growth.to_string(),
+                "a factor within 1..1000 (4 is the default)",
             );
         }
         if self.bounds.mem_info_interval_ops == 0 {

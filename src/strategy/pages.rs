@@ -19,6 +19,7 @@ pub(crate) struct PageMap {
 impl PageMap {
     /// A slab of `size` bytes (a multiple of `page`), nothing mapped yet.
     pub(crate) fn new(size: u64, page: u64) -> Self {
+        debug_assert!(page.is_power_of_two(), "page size {page} is not a power of two");
         let n = size.div_ceil(page) as usize;
         PageMap {
             page,
@@ -29,10 +30,18 @@ impl PageMap {
         }
     }
 
+    #[inline]
     fn pages_of(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
-        let first = (offset / self.page) as usize;
-        let last = (offset + len).div_ceil(self.page) as usize;
+        // Page sizes are powers of two (CUDA's VMM granularity): shifts, not divisions.
+        let shift = self.page.trailing_zeros();
+        let first = (offset >> shift) as usize;
+        let last = ((offset + len + self.page - 1) >> shift) as usize;
         first..last.min(self.refs.len())
+    }
+
+    /// The page size.
+    pub(crate) fn page_size(&self) -> u64 {
+        self.page
     }
 
     /// Every page is mapped (the common case once a slab is in use): nothing to map. One compare.
@@ -44,6 +53,12 @@ impl PageMap {
     /// Every page under `offset..offset+len` is mapped.
     pub(crate) fn covers(&self, offset: u64, len: u64) -> bool {
         self.pages_of(offset, len).all(|p| self.mapped[p])
+    }
+
+    /// Bytes of the pages under `offset..offset+len` that no live block touches yet: what a
+    /// block placed there would newly pin (memory that could otherwise go back).
+    pub(crate) fn unpinned_bytes(&self, offset: u64, len: u64) -> u64 {
+        self.pages_of(offset, len).filter(|&p| self.refs[p] == 0).count() as u64 * self.page
     }
 
     /// Runs `(offset, len)` of unmapped pages that a block at `offset..offset+len` needs.
@@ -74,25 +89,35 @@ impl PageMap {
         }
     }
 
-    /// A live block now covers `offset..offset+len` (its pages are mapped).
-    pub(crate) fn acquire(&mut self, offset: u64, len: u64) {
+    /// A live block now covers `offset..offset+len` (its pages are mapped). Returns the bytes
+    /// of pages it pinned (no live block touched them before).
+    pub(crate) fn acquire(&mut self, offset: u64, len: u64) -> u64 {
+        let mut pinned = 0;
         for p in self.pages_of(offset, len) {
             debug_assert!(self.mapped[p], "a live block on an unmapped page");
             if self.refs[p] == 0 {
                 self.unused_mapped_bytes -= self.page;
+                pinned += self.page;
             }
             self.refs[p] += 1;
         }
+        pinned
     }
 
-    /// The live block at `offset..offset+len` is gone.
-    pub(crate) fn release(&mut self, offset: u64, len: u64) {
+    /// The live block at `offset..offset+len` is gone. Returns the bytes of pages no live block
+    /// touches any more.
+    pub(crate) fn release(&mut self, offset: u64, len: u64) -> u64 {
+        let mut unpinned = 0;
         for p in self.pages_of(offset, len) {
             self.refs[p] -= 1;
-            if self.refs[p] == 0 && self.mapped[p] {
-                self.unused_mapped_bytes += self.page;
+            if self.refs[p] == 0 {
+                unpinned += self.page;
+                if self.mapped[p] {
+                    self.unused_mapped_bytes += self.page;
+                }
             }
         }
+        unpinned
     }
 
     /// Runs of mapped pages no live block touches, to unmap; marks them unmapped. Stops once

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use adaptalloc::device::{CostModel, Device, DevicePtr};
 use adaptalloc::policy::Policy;
-use adaptalloc::size::MIB;
+use adaptalloc::size::{MIB, align_up};
 use adaptalloc::strategy::{CachingConfig, SuballocConfig};
 use adaptalloc::{Allocator, AllocatorConfig, SimDevice, StrategyConfig};
 
@@ -135,6 +135,25 @@ pub fn check_invariants(name: &str, alloc: &Allocator, dev: &SimDevice, live: &[
         st.reserved_bytes.current,
         "{name}: device holds exactly reserved"
     );
+    assert!(
+        st.stranded_bytes <= st.reserved_bytes.current,
+        "{name}: stranded over reserved"
+    );
+    if name.starts_with("suballoc-paged") {
+        // Reference: pages any live block touches, less what the driver would consume for
+        // the blocks as separate allocations.
+        let page = dev.granularity_model().large_granule;
+        let pages: std::collections::BTreeSet<u64> = live
+            .iter()
+            .flat_map(|&(p, len, _)| p / page..(p + align_up(len, 256)).div_ceil(page))
+            .collect();
+        let consumed: u64 = live.iter().map(|l| dev.footprint(align_up(l.1, 256))).sum();
+        assert_eq!(
+            st.stranded_bytes,
+            (pages.len() as u64 * page).saturating_sub(consumed),
+            "{name}: stranded bytes against the reference"
+        );
+    }
 }
 
 /// A seeded test sequence (the library's SplitMix64) with a log-uniform size helper.

@@ -16,7 +16,7 @@ use freelists::FreeLists;
 use super::pages::PageMap;
 use super::slots::Slots;
 use super::{BlockMeta, Grant, StreamId};
-use crate::device::{Device, DevicePtr};
+use crate::device::{Device, DevicePtr, Granularity, VirtualMemory};
 use crate::error::DeviceError;
 use crate::hash::FastMap;
 use crate::size::{ALIGNMENT, GIB, MIB, round_up};
@@ -124,6 +124,16 @@ pub struct Suballoc {
     now: u64,
     /// Page maps of slabs backed by virtual memory, by slab id (None: a whole driver allocation).
     pages: Vec<Option<PageMap>>,
+    /// Bytes that live blocks hold from the device and nothing can give back while they live:
+    /// pages a live block touches, or whole slabs (no page map) with a live block.
+    pinned: u64,
+    /// What the driver would consume for the live blocks if each were its own allocation.
+    consumed: u64,
+    /// When set, a placement that would leave `pinned` over `consumed` by more than this is
+    /// refused ([`Suballoc::allocate_guarded`]).
+    strand_budget: Option<u64>,
+    /// How the device's driver consumes memory (read once, on the first allocation).
+    model: Option<Granularity>,
 }
 
 impl Suballoc {
@@ -145,6 +155,10 @@ impl Suballoc {
             slab_limit: u64::MAX,
             now: 0,
             pages: Vec::new(),
+            pinned: 0,
+            consumed: 0,
+            strand_budget: None,
+            model: None,
         }
     }
 
@@ -165,52 +179,145 @@ impl Suballoc {
 
     /// Fast path: two bitmap searches, an unlink and maybe a split (~40 ns).
     pub(super) fn allocate(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
+        let budget = self.strand_budget.take();
+        let r = self.allocate_guarded(dev, bytes, stream);
+        self.strand_budget = budget;
+        Ok(r?.expect("an unguarded placement is never refused"))
+    }
+
+    /// [`allocate`](Self::allocate) under the strand guard: `Ok(None)` when the best-fit
+    /// placement would pin memory that the driver's own allocation of the block would not
+    /// consume, and leave the pinned bytes over what the driver would consume for the live
+    /// blocks by more than the budget ([`set_strand_budget`](Self::set_strand_budget)). The
+    /// caller then serves the request some other way (an exact-size block). Cost of the check:
+    /// a page-reference read per page the block covers.
+    pub fn allocate_guarded(
+        &mut self,
+        dev: &dyn Device,
+        bytes: u64,
+        stream: StreamId,
+    ) -> Result<Option<Grant>, DeviceError> {
         debug_assert!(bytes > 0 && bytes % ALIGNMENT == 0);
         let pool = self.pool_of(bytes);
         let own = self.own_list(stream, pool);
         let found = own
             .and_then(|li| self.find(li, bytes))
             .or_else(|| self.any_list[pool as usize].and_then(|li| self.find(li, bytes)));
-        let (idx, mut hit) = match found {
+        let model = *self.model.get_or_insert_with(|| dev.footprint_model());
+        let footprint = model.consumed(bytes);
+        let pad = found.map_or(0, |idx| self.page_pad(idx, bytes));
+        // The guard, skipped when even the most the block could pin (its pages, one more at
+        // each end) stays within the budget: the common case on a device with room.
+        if let Some(budget) = self.strand_budget
+            && self.pinned + bytes + 2 * model.large_granule > self.consumed + footprint + budget
+        {
+            let pinned = match found {
+                Some(idx) => self.pins(idx, pad, bytes),
+                None => match self.paged_vmm(dev) {
+                    Some(vmm) => round_up(bytes, vmm.page_size()),
+                    None => round_up(bytes, dev.granularity().max(ALIGNMENT)),
+                },
+            };
+            if pinned > footprint && (self.pinned + pinned).saturating_sub(self.consumed + footprint) > budget {
+                return Ok(None);
+            }
+        }
+        let (mut idx, mut hit) = match found {
             Some(idx) => (idx, true),
             None => (self.new_slab(dev, bytes, pool)?, false),
         };
+        if pad > 0 {
+            idx = self.split_front(idx, pad);
+        }
         if self.map_for(dev, idx, bytes)? {
             hit = false;
         }
-        let ptr = self.take(idx, bytes);
-        Ok(Grant {
+        let ptr = self.take(idx, bytes, footprint);
+        Ok(Some(Grant {
             ptr,
             block_bytes: bytes,
             hit,
             meta: BlockMeta::Sub { node: idx },
-        })
+        }))
+    }
+
+    /// The device's virtual memory when slabs are backed page by page: `page_release` is on and
+    /// the device has VMM with a power-of-two page (page bookkeeping shifts by it).
+    fn paged_vmm<'d>(&self, dev: &'d dyn Device) -> Option<&'d dyn VirtualMemory> {
+        dev.vmm()
+            .filter(|v| self.config.page_release && v.page_size().is_power_of_two())
+    }
+
+    /// Bytes a block of `bytes` placed `pad` bytes into free node `idx` would newly pin.
+    #[inline]
+    fn pins(&self, idx: u32, pad: u64, bytes: u64) -> u64 {
+        let n = &self.nodes[idx];
+        let slab = &self.slabs[n.slab];
+        match self.pages.get(n.slab as usize) {
+            Some(Some(pm)) => pm.unpinned_bytes(n.addr + pad - slab.base, bytes),
+            _ if slab.used == 0 => slab.size,
+            _ => 0,
+        }
+    }
+
+    /// Sets the strand guard's budget (None: no guard). See [`allocate_guarded`](Self::allocate_guarded).
+    pub fn set_strand_budget(&mut self, budget: Option<u64>) {
+        self.strand_budget = budget;
+    }
+
+    /// Bytes pinned by live blocks over what the driver would consume for them, or 0 when the
+    /// blocks share pages well enough to hold less.
+    pub fn stranded_bytes(&self) -> u64 {
+        self.pinned.saturating_sub(self.consumed)
     }
 
     /// Serves `bytes` from free slab space only (no driver call), or None. The last resort on
-    /// out-of-memory: a best-fit scan of every usable free block, O(blocks). In a paged slab
-    /// only a block whose pages are all mapped qualifies (mapping more would be a driver call,
-    /// and handing out unmapped memory a fault on the GPU).
+    /// out-of-memory and the first choice under memory pressure: a scan of every usable free
+    /// block, O(blocks). In a paged slab only a block whose pages are all mapped qualifies
+    /// (mapping more would be a driver call, and handing out unmapped memory a fault on the GPU).
+    ///
+    /// Among the holes that fit, it takes the one that pins the least memory that could
+    /// otherwise go back (pages no live block touches, or a whole empty slab), then the
+    /// smallest. When `strict`, a hole that would pin more than the driver's own allocation of
+    /// the block would consume is refused: under pressure a small block that pins a fresh 2 MiB
+    /// page holds more than the driver (which packs small allocations) would.
     #[cold]
-    pub fn allocate_existing(&mut self, bytes: u64, stream: StreamId) -> Option<Grant> {
+    pub fn allocate_existing(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId, strict: bool) -> Option<Grant> {
         let usable = |list: u16| list != USED && self.list_stream[list as usize].is_none_or(|s| s == stream);
-        let mapped = |n: &Node| match self.pages.get(n.slab as usize) {
-            Some(Some(pm)) => pm.covers(n.addr - self.slabs[n.slab].base, bytes),
-            _ => true,
+        // Memory a placement at the hole's start would newly pin; None when its pages are not
+        // mapped, or (strict) when it pins more than a driver allocation would consume.
+        let footprint = dev.footprint(bytes);
+        let cost = |i: u32, n: &Node| {
+            let pad = self.page_pad(i, bytes);
+            if let Some(Some(pm)) = self.pages.get(n.slab as usize)
+                && !pm.covers(n.addr + pad - self.slabs[n.slab].base, bytes)
+            {
+                return None;
+            }
+            let pinned = self.pins(i, pad, bytes);
+            (!strict || pinned <= footprint).then_some(pinned)
         };
-        let mut best: Option<(u64, u32)> = None;
+        let mut best: Option<((u64, u64), u32)> = None;
         for slab_head in self.slabs_heads() {
             let mut i = slab_head;
             while i != NIL {
                 let n = self.nodes[i];
-                if usable(n.list) && n.size >= bytes && best.is_none_or(|(s, _)| n.size < s) && mapped(&n) {
-                    best = Some((n.size, i));
+                if usable(n.list)
+                    && n.size >= bytes
+                    && let Some(pinned) = cost(i, &n)
+                    && best.is_none_or(|(c, _)| (pinned, n.size) < c)
+                {
+                    best = Some(((pinned, n.size), i));
                 }
                 i = n.phys_next;
             }
         }
-        let (_, idx) = best?;
-        let ptr = self.take(idx, bytes);
+        let (_, mut idx) = best?;
+        let pad = self.page_pad(idx, bytes);
+        if pad > 0 {
+            idx = self.split_front(idx, pad);
+        }
+        let ptr = self.take(idx, bytes, footprint);
         Some(Grant {
             ptr,
             block_bytes: bytes,
@@ -272,13 +379,20 @@ impl Suballoc {
         debug_assert_eq!(self.nodes[node].list, USED);
         let n = self.nodes[node];
         self.used -= n.size;
+        self.consumed -= match self.model {
+            Some(m) => m.consumed(n.size),
+            None => dev.footprint(n.size),
+        };
         let base = self.slabs[n.slab].base;
         if let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) {
-            pm.release(n.addr - base, n.size);
+            self.pinned -= pm.release(n.addr - base, n.size);
         }
         let slab = &mut self.slabs[n.slab];
         slab.used -= n.size;
         let emptied = slab.used == 0;
+        if emptied && self.pages.get(n.slab as usize).is_none_or(Option::is_none) {
+            self.pinned -= slab.size;
+        }
         let li = self.stream_list(stream, self.slabs[n.slab].pool);
         self.insert_free(node, li);
         if emptied {
@@ -394,42 +508,56 @@ impl Suballoc {
         self.list_stream[li as usize].is_none()
     }
 
-    /// Takes free node `idx` for a block of `bytes`, splitting off the rest; returns its address.
-    fn take(&mut self, idx: u32, bytes: u64) -> DevicePtr {
+    /// Takes free node `idx` for a block of `bytes` (`footprint` as a driver allocation),
+    /// splitting off the rest; returns its address.
+    fn take(&mut self, idx: u32, bytes: u64, footprint: u64) -> DevicePtr {
         let n = self.nodes[idx];
         let slab = &mut self.slabs[n.slab];
         let was_empty = slab.used == 0;
         slab.used += bytes;
+        self.consumed += footprint;
         if was_empty {
             self.unmark_empty(n.slab);
         }
         let li = n.list;
         self.remove_free(idx);
         if n.size - bytes >= ALIGNMENT {
-            let rest = self.nodes.insert(Node {
-                addr: n.addr + bytes,
-                size: n.size - bytes,
-                slab: n.slab,
-                phys_prev: idx,
-                phys_next: n.phys_next,
-                free_prev: NIL,
-                free_next: NIL,
-                list: USED,
-            });
-            if n.phys_next != NIL {
-                self.nodes[n.phys_next].phys_prev = rest;
-            }
-            let node = &mut self.nodes[idx];
-            node.size = bytes;
-            node.phys_next = rest;
+            let rest = self.split_node(idx, bytes);
             self.push_free(rest, li);
         }
         self.used += self.nodes[idx].size;
         let base = self.slabs[n.slab].base;
-        if let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) {
-            pm.acquire(n.addr - base, bytes);
+        match self.pages.get_mut(n.slab as usize) {
+            Some(Some(pm)) => self.pinned += pm.acquire(n.addr - base, bytes),
+            _ if was_empty => self.pinned += self.slabs[n.slab].size,
+            _ => {}
         }
         n.addr
+    }
+
+    /// Cuts node `idx` (in no free list) at `at` bytes from its start; returns the new node
+    /// holding the part after the cut (in no free list either).
+    #[inline]
+    fn split_node(&mut self, idx: u32, at: u64) -> u32 {
+        let n = self.nodes[idx];
+        debug_assert!(at > 0 && at < n.size);
+        let back = self.nodes.insert(Node {
+            addr: n.addr + at,
+            size: n.size - at,
+            slab: n.slab,
+            phys_prev: idx,
+            phys_next: n.phys_next,
+            free_prev: NIL,
+            free_next: NIL,
+            list: USED,
+        });
+        if n.phys_next != NIL {
+            self.nodes[n.phys_next].phys_prev = back;
+        }
+        let front = &mut self.nodes[idx];
+        front.size = at;
+        front.phys_next = back;
+        back
     }
 
     #[cold]
@@ -458,7 +586,7 @@ impl Suballoc {
             round_up(count.saturating_mul(bytes), granule).min(max_slab)
         };
         let preferred = preferred.min(limit).max(exact);
-        let (base, size, page_map) = match dev.vmm().filter(|_| self.config.page_release) {
+        let (base, size, page_map) = match self.paged_vmm(dev) {
             Some(vmm) => {
                 // Address space is free: reserve the whole slab, map what fits (all of it, or
                 // just the request's pages on a tight device).
