@@ -690,14 +690,7 @@ impl Shared {
         stats.driver_allocs = self.device.allocs.load(Ordering::Relaxed);
         stats.driver_frees = self.device.frees.load(Ordering::Relaxed);
         stats.releasable_idle_bytes = st.strategies.iter().map(Strategy::releasable_bytes).sum();
-        stats.stranded_bytes = st
-            .strategies
-            .iter()
-            .map(|s| match s {
-                Strategy::Suballoc(sub) => sub.stranded_bytes(),
-                _ => 0,
-            })
-            .sum();
+        stats.stranded_bytes = st.strategies.iter().map(Strategy::stranded_bytes).sum();
         stats
     }
 

@@ -48,6 +48,22 @@ fn stub_or_skip(tag: &str) -> Option<PathBuf> {
         .ok()
 }
 
+/// Runs `cmd` against the stub libcuda in `dir` with a device of `capacity` bytes; returns
+/// whether it succeeded and its stdout and stderr.
+fn run_on_stub(cmd: &mut Command, dir: &std::path::Path, capacity: u64) -> (bool, String) {
+    let out = cmd
+        .env("LD_LIBRARY_PATH", dir)
+        .env("STUB_CUDA_CAPACITY", capacity.to_string())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 #[test]
 fn cuda_device_runs_on_a_stub_libcuda() {
     if std::env::var_os(CHILD).is_some() {
@@ -56,25 +72,17 @@ fn cuda_device_runs_on_a_stub_libcuda() {
     let Some(dir) = stub_or_skip("device") else {
         return;
     };
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "cuda_device_runs_on_a_stub_libcuda",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("STUB_CUDA_CAPACITY", CAPACITY.to_string())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "child failed:\n{text}");
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "cuda_device_runs_on_a_stub_libcuda",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(CHILD, "1");
+    let (ok, text) = run_on_stub(&mut cmd, &dir, CAPACITY);
+    assert!(ok, "child failed:\n{text}");
     assert!(text.contains("stub checks passed"), "{text}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -207,23 +215,15 @@ fn gpu_bench_runs_on_a_stub_libcuda() {
     };
     let cost = dir.join("stub-gpu.toml");
     let results = dir.join("results.md");
-    let out = Command::new(env!("CARGO_BIN_EXE_adaptalloc"))
-        .arg("gpu-bench")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_adaptalloc"));
+    cmd.arg("gpu-bench")
         .arg("--quick")
         .arg("--cost-model")
         .arg(&cost)
         .arg("--results")
-        .arg(&results)
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("STUB_CUDA_CAPACITY", (256u64 << 20).to_string())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "gpu-bench failed:\n{text}");
+        .arg(&results);
+    let (ok, text) = run_on_stub(&mut cmd, &dir, 256 << 20);
+    assert!(ok, "gpu-bench failed:\n{text}");
     let model = adaptalloc::device::CostModel::from_file(&cost).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert!(
         model.description.contains("adaptalloc stub GPU"),

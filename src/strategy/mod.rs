@@ -204,7 +204,6 @@ impl Strategy {
         }
     }
 
-    /// The largest request that could be served with no driver call.
     /// Bytes live blocks pin beyond what the driver would consume for them (slabs only).
     pub fn stranded_bytes(&self) -> u64 {
         match self {
@@ -213,6 +212,7 @@ impl Strategy {
         }
     }
 
+    /// The largest request that could be served with no driver call.
     pub fn largest_free_block(&self) -> u64 {
         match self {
             Strategy::Passthrough(_) => 0,

@@ -179,10 +179,9 @@ impl Suballoc {
 
     /// Fast path: two bitmap searches, an unlink and maybe a split (~40 ns).
     pub(super) fn allocate(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Result<Grant, DeviceError> {
-        let budget = self.strand_budget.take();
-        let r = self.allocate_guarded(dev, bytes, stream);
-        self.strand_budget = budget;
-        Ok(r?.expect("an unguarded placement is never refused"))
+        Ok(self
+            .place(dev, bytes, stream, false)?
+            .expect("an unguarded placement is never refused"))
     }
 
     /// [`allocate`](Self::allocate) under the strand guard: `Ok(None)` when the best-fit
@@ -190,12 +189,22 @@ impl Suballoc {
     /// consume, and leave the pinned bytes over what the driver would consume for the live
     /// blocks by more than the budget ([`set_strand_budget`](Self::set_strand_budget)). The
     /// caller then serves the request some other way (an exact-size block). Cost of the check:
-    /// a page-reference read per page the block covers.
+    /// a page-reference read per page the block covers, skipped when the budget has room.
     pub fn allocate_guarded(
         &mut self,
         dev: &dyn Device,
         bytes: u64,
         stream: StreamId,
+    ) -> Result<Option<Grant>, DeviceError> {
+        self.place(dev, bytes, stream, true)
+    }
+
+    fn place(
+        &mut self,
+        dev: &dyn Device,
+        bytes: u64,
+        stream: StreamId,
+        guarded: bool,
     ) -> Result<Option<Grant>, DeviceError> {
         debug_assert!(bytes > 0 && bytes % ALIGNMENT == 0);
         let pool = self.pool_of(bytes);
@@ -203,42 +212,62 @@ impl Suballoc {
         let found = own
             .and_then(|li| self.find(li, bytes))
             .or_else(|| self.any_list[pool as usize].and_then(|li| self.find(li, bytes)));
-        let model = *self.model.get_or_insert_with(|| dev.footprint_model());
-        let footprint = model.consumed(bytes);
+        let footprint = self.footprint(dev, bytes);
         let pad = found.map_or(0, |idx| self.page_pad(idx, bytes));
-        // The guard, skipped when even the most the block could pin (its pages, one more at
-        // each end) stays within the budget: the common case on a device with room.
-        if let Some(budget) = self.strand_budget
-            && self.pinned + bytes + 2 * model.large_granule > self.consumed + footprint + budget
+        if let Some(budget) = self.strand_budget.filter(|_| guarded)
+            && self.strands_over(dev, found, pad, bytes, footprint, budget)
         {
-            let pinned = match found {
-                Some(idx) => self.pins(idx, pad, bytes),
-                None => match self.paged_vmm(dev) {
-                    Some(vmm) => round_up(bytes, vmm.page_size()),
-                    None => round_up(bytes, dev.granularity().max(ALIGNMENT)),
-                },
-            };
-            if pinned > footprint && (self.pinned + pinned).saturating_sub(self.consumed + footprint) > budget {
-                return Ok(None);
-            }
+            return Ok(None);
         }
-        let (mut idx, mut hit) = match found {
+        let (idx, mut hit) = match found {
             Some(idx) => (idx, true),
             None => (self.new_slab(dev, bytes, pool)?, false),
         };
-        if pad > 0 {
-            idx = self.split_front(idx, pad);
-        }
-        if self.map_for(dev, idx, bytes)? {
+        if self.map_for(dev, idx, pad, bytes)? {
             hit = false;
         }
-        let ptr = self.take(idx, bytes, footprint);
+        let (idx, ptr) = self.take(idx, pad, bytes, footprint);
         Ok(Some(Grant {
             ptr,
             block_bytes: bytes,
             hit,
             meta: BlockMeta::Sub { node: idx },
         }))
+    }
+
+    /// The guard's test: a block of `bytes` placed `pad` into free node `found` (a new slab
+    /// when None) pins more than its driver `footprint` and leaves the slabs stranding more
+    /// than `budget`. Decided without looking at pages when even the most the block could pin
+    /// (its pages, one more at each end) stays within the budget: the common case with room.
+    fn strands_over(
+        &self,
+        dev: &dyn Device,
+        found: Option<u32>,
+        pad: u64,
+        bytes: u64,
+        footprint: u64,
+        budget: u64,
+    ) -> bool {
+        let granule = self.model.map_or_else(|| dev.granularity(), |m| m.large_granule);
+        let worst = bytes + 2 * granule;
+        if self.pinned + worst <= self.consumed + footprint + budget {
+            return false;
+        }
+        let pinned = match found {
+            Some(idx) => self.pins(idx, pad, bytes),
+            None => match self.paged_vmm(dev) {
+                Some(vmm) => round_up(bytes, vmm.page_size()),
+                None => round_up(bytes, dev.granularity().max(ALIGNMENT)),
+            },
+        };
+        pinned > footprint && (self.pinned + pinned).saturating_sub(self.consumed + footprint) > budget
+    }
+
+    /// What a driver allocation of `bytes` would consume (the device's footprint model, read
+    /// once and kept: no virtual call per block).
+    #[inline]
+    fn footprint(&mut self, dev: &dyn Device, bytes: u64) -> u64 {
+        self.model.get_or_insert_with(|| dev.footprint_model()).consumed(bytes)
     }
 
     /// The device's virtual memory when slabs are backed page by page: `page_release` is on and
@@ -283,10 +312,10 @@ impl Suballoc {
     /// page holds more than the driver (which packs small allocations) would.
     #[cold]
     pub fn allocate_existing(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId, strict: bool) -> Option<Grant> {
+        let footprint = self.footprint(dev, bytes);
         let usable = |list: u16| list != USED && self.list_stream[list as usize].is_none_or(|s| s == stream);
         // Memory a placement at the hole's start would newly pin; None when its pages are not
         // mapped, or (strict) when it pins more than a driver allocation would consume.
-        let footprint = dev.footprint(bytes);
         let cost = |i: u32, n: &Node| {
             let pad = self.page_pad(i, bytes);
             if let Some(Some(pm)) = self.pages.get(n.slab as usize)
@@ -295,29 +324,25 @@ impl Suballoc {
                 return None;
             }
             let pinned = self.pins(i, pad, bytes);
-            (!strict || pinned <= footprint).then_some(pinned)
+            (!strict || pinned <= footprint).then_some((pinned, pad))
         };
-        let mut best: Option<((u64, u64), u32)> = None;
+        let mut best: Option<((u64, u64), u32, u64)> = None;
         for slab_head in self.slabs_heads() {
             let mut i = slab_head;
             while i != NIL {
                 let n = self.nodes[i];
                 if usable(n.list)
                     && n.size >= bytes
-                    && let Some(pinned) = cost(i, &n)
-                    && best.is_none_or(|(c, _)| (pinned, n.size) < c)
+                    && let Some((pinned, pad)) = cost(i, &n)
+                    && best.is_none_or(|(c, _, _)| (pinned, n.size) < c)
                 {
-                    best = Some(((pinned, n.size), i));
+                    best = Some(((pinned, n.size), i, pad));
                 }
                 i = n.phys_next;
             }
         }
-        let (_, mut idx) = best?;
-        let pad = self.page_pad(idx, bytes);
-        if pad > 0 {
-            idx = self.split_front(idx, pad);
-        }
-        let ptr = self.take(idx, bytes, footprint);
+        let (_, idx, pad) = best?;
+        let (idx, ptr) = self.take(idx, pad, bytes, footprint);
         Some(Grant {
             ptr,
             block_bytes: bytes,
@@ -379,10 +404,7 @@ impl Suballoc {
         debug_assert_eq!(self.nodes[node].list, USED);
         let n = self.nodes[node];
         self.used -= n.size;
-        self.consumed -= match self.model {
-            Some(m) => m.consumed(n.size),
-            None => dev.footprint(n.size),
-        };
+        self.consumed -= self.footprint(dev, n.size);
         let base = self.slabs[n.slab].base;
         if let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) {
             self.pinned -= pm.release(n.addr - base, n.size);
@@ -508,9 +530,19 @@ impl Suballoc {
         self.list_stream[li as usize].is_none()
     }
 
-    /// Takes free node `idx` for a block of `bytes` (`footprint` as a driver allocation),
-    /// splitting off the rest; returns its address.
-    fn take(&mut self, idx: u32, bytes: u64, footprint: u64) -> DevicePtr {
+    /// Takes free node `idx` for a block of `bytes` (`footprint` as a driver allocation) placed
+    /// `pad` bytes into it: the pad and the rest after the block stay free. Returns the block's
+    /// node and address.
+    fn take(&mut self, idx: u32, pad: u64, bytes: u64, footprint: u64) -> (u32, DevicePtr) {
+        let li = self.nodes[idx].list;
+        self.remove_free(idx);
+        let idx = if pad > 0 {
+            let block = self.split_node(idx, pad);
+            self.push_free(idx, li);
+            block
+        } else {
+            idx
+        };
         let n = self.nodes[idx];
         let slab = &mut self.slabs[n.slab];
         let was_empty = slab.used == 0;
@@ -519,8 +551,6 @@ impl Suballoc {
         if was_empty {
             self.unmark_empty(n.slab);
         }
-        let li = n.list;
-        self.remove_free(idx);
         if n.size - bytes >= ALIGNMENT {
             let rest = self.split_node(idx, bytes);
             self.push_free(rest, li);
@@ -532,7 +562,7 @@ impl Suballoc {
             _ if was_empty => self.pinned += self.slabs[n.slab].size,
             _ => {}
         }
-        n.addr
+        (idx, n.addr)
     }
 
     /// Cuts node `idx` (in no free list) at `at` bytes from its start; returns the new node

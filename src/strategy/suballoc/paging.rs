@@ -5,7 +5,7 @@ use crate::device::Device;
 use crate::error::DeviceError;
 use crate::size::round_up;
 
-use super::{Suballoc, USED};
+use super::Suballoc;
 
 impl Suballoc {
     /// Where in free node `idx` a block of `bytes` should start, as an offset from the node's
@@ -29,21 +29,9 @@ impl Suballoc {
         if spans_more && pad + bytes <= n.size { pad } else { 0 }
     }
 
-    /// Splits the first `pad` bytes off free node `idx`; they stay free in the same list. Returns
-    /// the (free) node that follows them.
-    pub(super) fn split_front(&mut self, idx: u32, pad: u64) -> u32 {
-        let li = self.nodes[idx].list;
-        debug_assert!(li != USED);
-        self.remove_free(idx);
-        let back = self.split_node(idx, pad);
-        self.push_free(idx, li);
-        self.push_free(back, li);
-        back
-    }
-
-    /// Maps the pages a block of `bytes` at free node `idx` needs; true when it made driver
-    /// calls. Fails (changing nothing) when the device cannot back them.
-    pub(super) fn map_for(&mut self, dev: &dyn Device, idx: u32, bytes: u64) -> Result<bool, DeviceError> {
+    /// Maps the pages a block of `bytes` placed `pad` bytes into free node `idx` needs; true
+    /// when it made driver calls. Fails (changing nothing) when the device cannot back them.
+    pub(super) fn map_for(&mut self, dev: &dyn Device, idx: u32, pad: u64, bytes: u64) -> Result<bool, DeviceError> {
         let n = self.nodes[idx];
         let slab = self.slabs[n.slab];
         let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else {
@@ -52,7 +40,7 @@ impl Suballoc {
         if pm.all_mapped() {
             return Ok(false);
         }
-        let runs = pm.unmapped_runs(n.addr - slab.base, bytes);
+        let runs = pm.unmapped_runs(n.addr + pad - slab.base, bytes);
         if runs.is_empty() {
             return Ok(false);
         }
