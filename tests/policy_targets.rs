@@ -20,11 +20,7 @@ fn is_training(t: &Trace) -> bool {
 /// Failed allocations measured at passthrough's exact minimum, per workload, on the workloads
 /// this was measured on (every other one of them: 0). A ceiling, so that it cannot creep back;
 /// workloads not listed in `MEASURED` are reported, not asserted.
-const AT_EXACT_MINIMUM: &[(&str, u64)] = &[
-    ("gpu-medium-ctx128-train.csv", 1),
-    ("gpu-medium-ctx512-train.csv", 1),
-    ("small-churn", 2),
-];
+const AT_EXACT_MINIMUM: &[(&str, u64)] = &[("gpu-medium-ctx128-train.csv", 1), ("gpu-medium-ctx512-train.csv", 1)];
 const MEASURED: &[&str] = &[
     "cpu-gpt2-train.csv",
     "cpu-mobilenetv2-train.csv",
@@ -45,18 +41,22 @@ const MEASURED: &[&str] = &[
     "small-churn",
 ];
 
-/// Zero configuration never fails where passthrough completes. Asserted from 1.05x
-/// passthrough's smallest capacity on every workload. At exactly that capacity passthrough has
-/// no byte to spare at its peak, and anything held beyond its footprint then fails a request:
-/// the strand guard and page-aligned placement bring that to 4 failed allocations on 3 of 17
-/// workloads (65 on 10 before them), checked against `AT_EXACT_MINIMUM`.
+/// Zero configuration never fails where passthrough completes. Asserted at every step of 1%
+/// from 1.01x passthrough's smallest capacity to 1.15x (where a random churn used to fail:
+/// small-churn failed at 12 capacities up to 1.115x), then up to 4x; from 1.05x on every
+/// workload, below it on the measured ones (an unseen trace is reported there). At exactly
+/// that capacity passthrough has no byte to spare at its peak, and anything held beyond its
+/// footprint then fails a request: the strand guard, page-aligned placement and tight mode at
+/// half the guard's budget bring that to 2 failed allocations on 2 of 17 workloads (65 on 10
+/// before them), checked against `AT_EXACT_MINIMUM`.
 #[test]
 fn default_never_fails_where_passthrough_completes() {
     let opts = CompareOptions::default();
     let mut at_exact_minimum = 0;
     for t in all_traces() {
         let min = passthrough_min_capacity(&t, Granularity::default());
-        for factor in [1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 4.0] {
+        let fine = (0..=15).map(|i| 1.0 + f64::from(i) / 100.0);
+        for factor in fine.chain([1.2, 1.3, 1.5, 2.0, 4.0]) {
             let cap = (min as f64 * factor) as u64;
             let pass = run_one(&t, Contender::Passthrough, cap, &opts);
             assert!(
@@ -65,6 +65,15 @@ fn default_never_fails_where_passthrough_completes() {
                 t.name
             );
             let ours = run_one(&t, Contender::Adaptive, cap, &opts);
+            let measured = MEASURED.contains(&t.name.as_str());
+            if factor > 1.0 && factor < 1.05 && !measured && ours.failed_allocs > 0 {
+                // An unseen trace is reported below 1.05x, not asserted (see AT_EXACT_MINIMUM).
+                common::known_gap(&format!(
+                    "{} at {factor:.2}x passthrough's minimum: {} failed",
+                    t.name, ours.failed_allocs
+                ));
+                continue;
+            }
             if factor > 1.0 {
                 assert_eq!(
                     ours.failed_allocs, 0,
@@ -80,7 +89,7 @@ fn default_never_fails_where_passthrough_completes() {
                     t.name, ours.failed_allocs
                 ));
             }
-            if MEASURED.contains(&t.name.as_str()) {
+            if measured {
                 let ceiling = AT_EXACT_MINIMUM
                     .iter()
                     .find(|(n, _)| *n == t.name)

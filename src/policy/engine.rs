@@ -428,14 +428,15 @@ impl Engine {
         let limit = info.free.saturating_sub(self.headroom);
         let budget = self.strand_budget(strategies, info.free, op);
         let stranded: u64 = strategies.iter().map(Strategy::stranded_bytes).sum();
-        // Tight: free memory under tight_below while the slabs strand more than the guard's
-        // budget (small blocks then leave the slabs, so stranded pages drain). With the guard
-        // off, free memory alone decides. Hysteresis: roomy again only above 1.5x tight_below,
-        // or once stranding is down to half the budget.
+        // Tight: free memory under tight_below while the slabs strand more than half the
+        // guard's budget (small blocks then leave the slabs, so stranded pages drain; the other
+        // half is for what frees strand before the next sample, which the guard cannot refuse).
+        // With the guard off, free memory alone decides. Hysteresis: roomy again only above
+        // 1.5x tight_below, or once stranding is down to a quarter of the budget.
         let tight = if self.tight {
-            (info.free as f64) < self.tight_below as f64 * 1.5 && budget.is_none_or(|b| stranded > b / 2)
+            (info.free as f64) < self.tight_below as f64 * 1.5 && budget.is_none_or(|b| stranded > b / 4)
         } else {
-            info.free < self.tight_below && budget.is_none_or(|b| stranded > b)
+            info.free < self.tight_below && budget.is_none_or(|b| stranded > b / 2)
         };
         if tight != self.tight {
             self.tight = tight;
