@@ -3,19 +3,19 @@
 //! bundled workloads at three seeds, and four random churns (sizes, live counts and device sizes
 //! the bundled small-churn does not cover). Each runs on SimDevice at every 1% step from
 //! passthrough's smallest capacity to 1.15x, then 1.2x, 1.3x, 1.5x and 2x, and the failed
-//! allocations are listed as Markdown (`tuning/reports/robustness.md`).
+//! allocations are listed as Markdown (`tuning/reports/robustness.md`), followed by the
+//! driver-call targets on every training trace and window.
 //!
 //! `cargo run --release --example robustness [POLICY.toml] > tuning/reports/robustness.md`
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use adaptalloc::Allocator;
-use adaptalloc::compare::passthrough_min_capacity;
+use adaptalloc::compare::{CompareOptions, Contender, passthrough_min_capacity, run_one};
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
 use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Op, Trace, read_csv, replay};
+use adaptalloc::trace::{Trace, read_csv, replay};
 
 /// Windows as fractions of the events: prefixes end before the run's later peaks, suffixes
 /// start with blocks whose allocation is outside the window (their frees are dropped).
@@ -79,7 +79,52 @@ fn main() -> anyhow::Result<()> {
     for r in rows {
         println!("{r}");
     }
+    driver_calls_on_training(&workloads, &policy);
     Ok(())
+}
+
+/// The driver-call targets on every training trace and window: at 2x peak live (plus
+/// 64 MiB) at most 10% of passthrough's calls and 1.05x the best fixed strategy's; at 1.1x
+/// passthrough's minimum at most 25% of passthrough's.
+fn driver_calls_on_training(workloads: &[Trace], policy: &Policy) {
+    let calls = |a: u64, f: u64| a + f;
+    let opts = CompareOptions::default();
+    println!("\n## Driver calls on training traces and their windows\n");
+    println!("| workload | 2x live: ours / passthrough | / best fixed (calls) | 1.1x min: ours / passthrough |");
+    println!("|---|---|---|---|");
+    let mut misses = 0;
+    for t in workloads.iter().filter(|t| t.name.contains("-train.csv")) {
+        let roomy = 2 * t.peak_live_bytes() + (64 << 20);
+        let fixed: Vec<_> = Contender::FIXED.iter().map(|&c| run_one(t, c, roomy, &opts)).collect();
+        let pass = calls(fixed[0].driver_allocs, fixed[0].driver_frees);
+        let best = fixed
+            .iter()
+            .filter(|r| r.completed)
+            .map(|r| calls(r.driver_allocs, r.driver_frees))
+            .min()
+            .unwrap_or(pass);
+        let ours = run_with(t, policy, roomy);
+        let ours = calls(ours.driver_allocs, ours.driver_frees);
+        let tight = (passthrough_min_capacity(t, Granularity::default()) as f64 * 1.1) as u64;
+        let p11 = run_one(t, Contender::Passthrough, tight, &opts);
+        let o11 = run_with(t, policy, tight);
+        let share = |o: u64, p: u64| o as f64 / p.max(1) as f64;
+        let (r2, rb) = (share(ours, pass), share(ours, best));
+        let r11 = share(
+            calls(o11.driver_allocs, o11.driver_frees),
+            calls(p11.driver_allocs, p11.driver_frees),
+        );
+        let miss = r2 > 0.10 || rb > 1.05 || r11 > 0.25;
+        misses += usize::from(miss);
+        println!(
+            "| {} | {:.1}% | {rb:.2}x ({ours} vs {best}) | {:.1}%{} |",
+            t.name,
+            100.0 * r2,
+            100.0 * r11,
+            if miss { " **miss**" } else { "" }
+        );
+    }
+    println!("\nOver a target: {misses}.");
 }
 
 fn workloads() -> anyhow::Result<Vec<Trace>> {
@@ -93,7 +138,7 @@ fn workloads() -> anyhow::Result<Vec<Trace>> {
         files.sort();
         for f in files {
             let t = read_csv(&f, false)?;
-            out.extend(WINDOWS.iter().map(|&(a, b)| window(&t, a, b)));
+            out.extend(WINDOWS.iter().map(|&(a, b)| t.window(a, b)));
             out.push(t);
         }
     }
@@ -115,26 +160,6 @@ fn workloads() -> anyhow::Result<Vec<Trace>> {
         out.push(spec.generate(spec.seed));
     }
     Ok(out)
-}
-
-/// Events `from..to` (fractions) of `t`, without frees of blocks allocated before the window.
-fn window(t: &Trace, from: f64, to: f64) -> Trace {
-    let n = t.events.len() as f64;
-    let (a, b) = ((n * from) as usize, (n * to) as usize);
-    let mut live = HashSet::new();
-    let events = t.events[a..b]
-        .iter()
-        .filter(|e| match e.op {
-            Op::Alloc => live.insert(e.id),
-            Op::Free => live.remove(&e.id),
-        })
-        .cloned()
-        .collect();
-    Trace {
-        name: format!("{} [{:.0}%..{:.0}%]", t.name, from * 100.0, to * 100.0),
-        events,
-        skipped_frees: 0,
-    }
 }
 
 fn run_with(t: &Trace, policy: &Policy, cap: u64) -> adaptalloc::trace::ReplayMetrics {

@@ -205,7 +205,7 @@ impl Default for BoundsPolicy {
             idle_age_ops: 200_000,
             mem_info_interval_ops: 1024,
             strand_share: 0.5,
-            peak_growth: 4.0,
+            peak_growth: 3.0,
         }
     }
 }

@@ -111,4 +111,29 @@ impl Trace {
     pub fn allocs(&self) -> usize {
         self.events.iter().filter(|e| e.op == Op::Alloc).count()
     }
+
+    /// The events from `from` to `to` (fractions of the trace, clamped to 0..=1), without the
+    /// frees of blocks allocated before them: what a recording of that part of the run would
+    /// hold. A trace is itself a window of a run; another window puts its peak elsewhere (a
+    /// prefix, a first step that never cycles), which is how heuristics get judged beyond the
+    /// traces they were tuned on. Named "NAME [A%..B%]".
+    pub fn window(&self, from: f64, to: f64) -> Trace {
+        let n = self.events.len() as f64;
+        let at = |f: f64| (f.clamp(0.0, 1.0) * n) as usize;
+        let (a, b) = (at(from), at(to).max(at(from)));
+        let mut live = std::collections::HashSet::new();
+        let events = self.events[a..b]
+            .iter()
+            .filter(|e| match e.op {
+                Op::Alloc => live.insert(e.id),
+                Op::Free => live.remove(&e.id),
+            })
+            .copied()
+            .collect();
+        Trace {
+            name: format!("{} [{:.0}%..{:.0}%]", self.name, from * 100.0, to * 100.0),
+            events,
+            skipped_frees: 0,
+        }
+    }
 }
