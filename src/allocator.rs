@@ -708,6 +708,7 @@ impl Shared {
             operations: st.op,
             headroom: e.headroom_bytes(),
             pressure_events: e.pressure_events,
+            peak_stranded: e.peak_stranded,
             released_by_bounds: e.released_by_bounds,
             mem_info_samples: e.mem_info_samples,
             classes: e.summaries(&st.routes),

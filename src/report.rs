@@ -61,6 +61,10 @@ pub struct TuningReport {
     pub failed_allocs: u64,
     pub oom_recoveries: u64,
     pub pressure_events: u64,
+    /// Slab placements the strand guard refused (each served by an exact-size block instead).
+    pub strand_refusals: u64,
+    /// The most memory live blocks in slabs held beyond their driver footprint, at a sample.
+    pub peak_stranded_bytes: u64,
     pub bytes_released_by_bounds: u64,
     pub mem_info_samples: u64,
     pub driver: DriverSummary,
@@ -86,6 +90,7 @@ pub(crate) struct ReportInput<'a> {
     pub operations: u64,
     pub headroom: u64,
     pub pressure_events: u64,
+    pub peak_stranded: u64,
     pub released_by_bounds: u64,
     pub mem_info_samples: u64,
     pub classes: Vec<ClassSummary>,
@@ -145,6 +150,8 @@ impl TuningReport {
             failed_allocs: st.failed_allocs,
             oom_recoveries: st.oom_recoveries,
             pressure_events: input.pressure_events,
+            strand_refusals: st.strand_refusals,
+            peak_stranded_bytes: input.peak_stranded.max(st.stranded_bytes),
             bytes_released_by_bounds: input.released_by_bounds,
             mem_info_samples: input.mem_info_samples,
             driver,
@@ -189,6 +196,18 @@ impl TuningReport {
                 self.driver.calls_ratio * 100.0,
                 ByteSize(self.bytes_released_by_bounds),
                 ByteSize(peak / 2)
+            ));
+        }
+        // The guard paid a driver call per refusal for a peak that never came: the workload
+        // used at most half the device. Forecast its peak as the peak it has shown.
+        let roomy = self.memory.peak_reserved_bytes.saturating_mul(2) <= self.device_total_bytes;
+        if !tight && roomy && self.strand_refusals > 0 && p.bounds.peak_growth > 1.0 {
+            p.bounds.peak_growth = 1.0;
+            why.push(format!(
+                "the strand guard gave {} requests exact-size blocks (a driver call each) while peak reserved stayed at {} of {}: take the peak so far as the peak (bounds.peak_growth = 1)",
+                self.strand_refusals,
+                ByteSize(self.memory.peak_reserved_bytes),
+                ByteSize(self.device_total_bytes)
             ));
         }
         if self.route_changes.len() as u64 > 4 * self.classes.len().max(1) as u64 {
@@ -290,6 +309,12 @@ impl fmt::Display for TuningReport {
             f,
             "| idle memory released by bounds | {} |",
             ByteSize(self.bytes_released_by_bounds)
+        )?;
+        writeln!(
+            f,
+            "| strand guard | {} requests given exact-size blocks; at most {} stranded |",
+            self.strand_refusals,
+            ByteSize(self.peak_stranded_bytes)
         )?;
         for h in self.hit_rates.iter().filter(|h| h.hits + h.misses > 0) {
             writeln!(

@@ -100,3 +100,41 @@ fn bad_strand_settings_are_named() {
         assert!(err.contains(key) && err.contains("p.toml"), "{err}");
     }
 }
+
+/// A workload that grows to 40% of the device and never frees: the guard, forecasting a peak
+/// `bounds.peak_growth` times the one seen, gives the late small requests exact-size blocks (a
+/// driver call each) for a peak that never comes. Returns the tuning report and driver calls.
+fn grows_to_two_fifths(policy: Policy) -> (adaptalloc::report::TuningReport, u64) {
+    let dev = Arc::new(SimDevice::new(1 << 30));
+    let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
+    let mut held: Vec<DevicePtr> = (0..8).map(|_| alloc.allocate_raw(50 * MIB, 0).unwrap()).collect();
+    held.extend((0..100).map(|_| alloc.allocate_raw(4 * KIB, 0).unwrap()));
+    let report = alloc.report().expect("the default policy has an engine");
+    for p in held {
+        alloc.deallocate(p, 0).unwrap();
+    }
+    let s = alloc.stats();
+    (report, s.driver_allocs + s.driver_frees)
+}
+
+#[test]
+fn the_report_shows_the_guard_and_recommends_trusting_the_peak_on_a_roomy_device() {
+    let (report, calls) = grows_to_two_fifths(Policy::default());
+    assert!(report.strand_refusals > 0, "the scenario makes the guard refuse");
+    assert!(
+        report.to_string().contains("| strand guard | "),
+        "the summary shows the guard: {report}"
+    );
+    let recommended = report.recommended_policy.clone();
+    assert_eq!(recommended.bounds.peak_growth, 1.0, "{:?}", report.recommendations);
+    let (again, fewer) = grows_to_two_fifths(recommended);
+    assert_eq!((again.strand_refusals, again.failed_allocs), (0, 0));
+    assert!(
+        fewer < calls,
+        "the recommended policy makes fewer driver calls: {fewer} vs {calls}"
+    );
+    common::figure(&format!(
+        "strand guard on a roomy device: {} exact-size blocks, {calls} driver calls; with the recommended policy {fewer}",
+        report.strand_refusals
+    ));
+}

@@ -209,6 +209,9 @@ pub struct Engine {
     /// has shown a cycle (a step, a batch), and its peak so far is taken as its peak.
     cycle_seen: bool,
     pub(crate) pressure_events: u64,
+    /// The most memory the slabs stranded at a sample (what live blocks held beyond their
+    /// driver footprint).
+    pub(crate) peak_stranded: u64,
     pub(crate) released_by_bounds: u64,
     pub(crate) mem_info_samples: u64,
     pub(crate) route_changes: Vec<RouteChange>,
@@ -242,6 +245,7 @@ impl Engine {
             footprint: Counter::default(),
             cycle_seen: false,
             pressure_events: 0,
+            peak_stranded: 0,
             released_by_bounds: 0,
             mem_info_samples: 0,
             route_changes: Vec::new(),
@@ -428,6 +432,7 @@ impl Engine {
         let limit = info.free.saturating_sub(self.headroom);
         let budget = self.strand_budget(strategies, info.free, op);
         let stranded: u64 = strategies.iter().map(Strategy::stranded_bytes).sum();
+        self.peak_stranded = self.peak_stranded.max(stranded);
         // Tight: free memory under tight_below while the slabs strand more than half the
         // guard's budget (small blocks then leave the slabs, so stranded pages drain; the other
         // half is for what frees strand before the next sample, which the guard cannot refuse).
