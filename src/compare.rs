@@ -182,13 +182,41 @@ impl std::str::FromStr for TenantSpec {
         let bad = |why: &str| format!("tenant {s:?}: {why}; write SIZE@START..END, e.g. 2GiB@0.3..0.6");
         let (size, range) = s.split_once('@').ok_or_else(|| bad("no '@'"))?;
         let bytes = size.parse::<ByteSize>().map_err(|e| bad(&e.to_string()))?.0;
-        let (a, b) = range.split_once("..").ok_or_else(|| bad("no '..' in the range"))?;
-        let start: f64 = a.trim().parse().map_err(|_| bad("the start is not a number"))?;
-        let end: f64 = b.trim().parse().map_err(|_| bad("the end is not a number"))?;
-        if !(0.0..=1.0).contains(&start) || !(0.0..=1.0).contains(&end) || start > end {
-            return Err(bad("need 0 <= START <= END <= 1"));
-        }
+        let (start, end) = fraction_range(range).map_err(bad)?;
         Ok(TenantSpec { bytes, start, end })
+    }
+}
+
+/// `START..END` as fractions of a trace's events, with 0 <= START <= END <= 1.
+fn fraction_range(range: &str) -> Result<(f64, f64), &'static str> {
+    let (a, b) = range.split_once("..").ok_or("no '..' in the range")?;
+    let start: f64 = a.trim().parse().map_err(|_| "the start is not a number")?;
+    let end: f64 = b.trim().parse().map_err(|_| "the end is not a number")?;
+    if !(0.0..=1.0).contains(&start) || !(0.0..=1.0).contains(&end) || start > end {
+        return Err("need 0 <= START <= END <= 1");
+    }
+    Ok((start, end))
+}
+
+/// A part of each trace to replay instead of the whole (`--window 0.2..0.6`: from 20% of its
+/// events to 60%), as [`Trace::window`](crate::trace::Trace::window) cuts it: a recording of
+/// that part of the run, its peak somewhere else.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Window {
+    pub start: f64,
+    pub end: f64,
+}
+
+impl std::str::FromStr for Window {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("window {s:?}: {why}; write START..END as fractions, e.g. 0.2..0.6");
+        let (start, end) = fraction_range(s).map_err(bad)?;
+        if start == end {
+            return Err(bad("the window is empty"));
+        }
+        Ok(Window { start, end })
     }
 }
 

@@ -290,6 +290,10 @@ fn bad_input_is_a_one_line_error_with_exit_code_2() {
     assert!(text.contains("1 unknown frees skipped"), "{text}");
     assert!(fails(&["compare", "--strategies", "magic"]).contains("unknown strategy"));
     assert!(fails(&["compare", "--tenant", "2GiB@0.7..0.2"]).contains("tenant"));
+    for bad in ["0.6..0.2", "0.3..0.3", "half..1", "0.2-0.6", "0..1.5"] {
+        let err = fails(&["compare", "--window", bad]);
+        assert!(err.contains(&format!("window \"{bad}\"")), "{bad}: {err}");
+    }
     assert!(fails(&["compare", "--capacity-factor=-1"]).contains("capacity-factor"));
     assert!(fails(&["compare", "--capacity=0"]).contains("capacity"));
 }
@@ -324,5 +328,42 @@ fn tune_writes_a_loadable_policy_and_compare_writes_report_and_plot() {
         svg.starts_with("<svg") && svg.contains("adaptive") && svg.contains("reserved"),
         "{}",
         &svg[..200]
+    );
+}
+
+/// `--window` replays part of each trace: compare, sweep and replay name it, and its frees of
+/// blocks allocated before the window are gone (the replay completes, nothing unknown freed).
+#[test]
+fn window_replays_part_of_each_trace() {
+    let json: Value = serde_json::from_str(&ok(&[
+        "compare",
+        "--window",
+        "0.5..1",
+        "--strategies",
+        "passthrough,adaptive",
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    let traces = json["traces"].as_array().expect("traces");
+    assert_eq!(traces.len(), 4, "every bundled workload");
+    for t in traces {
+        let name = t["trace"].as_str().unwrap();
+        assert!(name.ends_with("[50%..100%]"), "{name}");
+        for r in t["results"].as_array().unwrap() {
+            assert_eq!(r["failed_allocs"], 0, "{name}: {r}");
+        }
+    }
+    let whole: Value =
+        serde_json::from_str(&ok(&["compare", "--strategies", "passthrough", "--format", "json"])).unwrap();
+    let events = |v: &Value, i: usize| v["traces"][i]["events"].as_u64().unwrap();
+    assert!(events(&json, 0) < events(&whole, 0), "a window has fewer events");
+    assert!(ok(&["sweep", "--window", "0..0.5"]).contains("[0%..50%]"));
+    let a = tmp("w.csv");
+    ok(&["synth", "training", "--out", a.to_str().unwrap()]);
+    let text = ok(&["replay", a.to_str().unwrap(), "--window", "0.25..0.75"]);
+    assert!(
+        text.contains("| failed / recovered OOM / pressure events | 0 / "),
+        "{text}"
     );
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use adaptalloc::compare::{Capacity, Contender};
+use adaptalloc::compare::{Capacity, Contender, Window};
 use adaptalloc::size::ByteSize;
 use adaptalloc::synth::{BUNDLED, WorkloadSpec};
 use adaptalloc::trace::{Trace, load};
@@ -41,24 +41,34 @@ pub struct ReplayArgs {
     /// A co-tenant, e.g. 2GiB@0.3..0.6: takes 2 GiB at 30% of the events, frees it at 60%.
     #[arg(long)]
     pub tenant: Option<adaptalloc::compare::TenantSpec>,
+    /// Replay only part of each trace, e.g. 0.2..0.6: its events from 20% to 60%, without
+    /// the frees of blocks allocated before (what a recording of that part would hold).
+    #[arg(long)]
+    pub window: Option<Window>,
 }
 
 /// Traces from files (CSV, RMM log or PyTorch snapshot, told apart by content), or the bundled
 /// synthetic workloads when no file is given.
-pub fn load_traces(paths: &[PathBuf], lenient: bool) -> anyhow::Result<Vec<Trace>> {
-    if paths.is_empty() {
-        return Ok(BUNDLED
+/// A `window` cuts each to that part of it.
+pub fn load_traces(paths: &[PathBuf], lenient: bool, window: Option<Window>) -> anyhow::Result<Vec<Trace>> {
+    let traces: Vec<Trace> = if paths.is_empty() {
+        BUNDLED
             .iter()
             .map(|(name, _)| {
                 let spec = WorkloadSpec::bundled(name).expect("bundled workload exists");
                 spec.generate(spec.seed)
             })
-            .collect());
-    }
-    paths
-        .iter()
-        .map(|p| load(p, lenient).map_err(anyhow::Error::from))
-        .collect()
+            .collect()
+    } else {
+        paths
+            .iter()
+            .map(|p| load(p, lenient).map_err(anyhow::Error::from))
+            .collect::<anyhow::Result<_>>()?
+    };
+    Ok(match window {
+        Some(w) => traces.iter().map(|t| t.window(w.start, w.end)).collect(),
+        None => traces,
+    })
 }
 
 /// Strategy names from a comma-separated list (all of them when empty).

@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tenant: args.run.tenant,
         ..Default::default()
     };
-    let traces = load_traces(&args.traces, args.lenient)?;
+    let traces = load_traces(&args.traces, args.lenient, args.run.window)?;
     let result = crate::progress::with_spinner("replaying", || compare(&traces, &opts));
     let text = match args.format.as_str() {
         "json" => serde_json::to_string_pretty(&result)? + "\n",

@@ -217,7 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     CostModel::from_file(&cost_path).context("the calibrated cost model does not parse")?;
     eprintln!("wrote {}", cost_path.display());
 
-    let traces = crate::common::load_traces(&args.traces, args.lenient)?;
+    let traces = crate::common::load_traces(&args.traces, args.lenient, None)?;
     let total = cuda.mem_info()?.total;
     let mut md = format!(
         "# gpu-bench on {name} ({} total)\n\nEvery strategy and CUDA's stream-ordered pool (cuMemAllocAsync on the default \

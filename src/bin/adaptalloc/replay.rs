@@ -36,6 +36,10 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let trace = load(&args.trace, args.lenient)?;
+    let trace = match args.run.window {
+        Some(w) => trace.window(w.start, w.end),
+        None => trace,
+    };
     let granule = Granularity::default().large_granule;
     let capacity = args.capacity.capacity()?.bytes_for(trace.peak_live_bytes(), granule);
     let repeat = args.run.repeat.max(1);

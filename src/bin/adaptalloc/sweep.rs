@@ -22,6 +22,9 @@ pub struct Args {
     /// Skip frees of ids that are not live instead of failing.
     #[arg(long)]
     lenient: bool,
+    /// Only part of each trace, e.g. 0.2..0.6 (as in compare).
+    #[arg(long)]
+    window: Option<adaptalloc::compare::Window>,
 }
 
 #[derive(Serialize)]
@@ -49,7 +52,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--format {:?}: use text or json", args.format);
     }
     let list = contenders(&args.strategies)?;
-    let traces = load_traces(&args.traces, args.lenient)?;
+    let traces = load_traces(&args.traces, args.lenient, args.window)?;
     let opts = CompareOptions::default();
     let sweep = crate::progress::with_spinner("searching capacities", || Sweep {
         traces: traces

@@ -22,6 +22,9 @@ pub struct Args {
     /// Skip frees of ids that are not live instead of failing.
     #[arg(long)]
     lenient: bool,
+    /// Only part of each trace, e.g. 0.2..0.6 (as in compare).
+    #[arg(long)]
+    window: Option<adaptalloc::compare::Window>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -29,7 +32,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         None => Policy::default(),
         Some(p) => Policy::load(p)?,
     };
-    let traces = load_traces(&args.traces, args.lenient)?;
+    let traces = load_traces(&args.traces, args.lenient, args.window)?;
     let capacity = args.capacity.capacity()?;
     let tuning = crate::progress::with_spinner("tuning", || adaptalloc::tune::tune(&traces, capacity, &base));
     if let Some(path) = &args.out {
