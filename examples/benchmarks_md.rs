@@ -11,7 +11,7 @@ use std::path::Path;
 use adaptalloc::compare::{Capacity, CompareOptions, Contender, compare, min_capacity};
 use adaptalloc::size::ByteSize;
 use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Trace, read_csv};
+use adaptalloc::trace::{Trace, csv_files, read_csv};
 
 /// Mean ns of every criterion benchmark under target/criterion/GROUP/NAME[/PARAM].
 fn criterion_means(root: &Path) -> BTreeMap<String, f64> {
@@ -39,15 +39,8 @@ fn criterion_means(root: &Path) -> BTreeMap<String, f64> {
 fn traces() -> Vec<Trace> {
     let mut out = Vec::new();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    if let Ok(rd) = std::fs::read_dir(&dir) {
-        let mut files: Vec<_> = rd
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-            .collect();
-        files.sort();
-        out.extend(files.iter().map(|f| read_csv(f, false).expect("trace parses")));
-    }
+    let files = csv_files(&dir).unwrap_or_default();
+    out.extend(files.iter().map(|f| read_csv(f, false).expect("trace parses")));
     for (name, _) in BUNDLED {
         let spec = WorkloadSpec::bundled(name).unwrap();
         out.push(spec.generate(spec.seed));

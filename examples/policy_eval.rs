@@ -10,7 +10,7 @@ use adaptalloc::compare::{CompareOptions, Contender, passthrough_min_capacity, r
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
 use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Trace, read_csv, replay};
+use adaptalloc::trace::{Trace, csv_files, read_csv, replay};
 
 fn main() -> anyhow::Result<()> {
     let policy = match std::env::args().nth(1) {
@@ -19,15 +19,8 @@ fn main() -> anyhow::Result<()> {
     };
     let mut traces = Vec::new();
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    if let Ok(rd) = std::fs::read_dir(&dir) {
-        let mut files: Vec<_> = rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-            .collect();
-        files.sort();
-        for f in files {
-            traces.push(read_csv(&f, false)?);
-        }
+    for f in csv_files(&dir).unwrap_or_default() {
+        traces.push(read_csv(&f, false)?);
     }
     for (name, _) in BUNDLED {
         let spec = WorkloadSpec::bundled(name).unwrap();

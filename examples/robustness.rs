@@ -15,7 +15,7 @@ use adaptalloc::compare::{CompareOptions, Contender, passthrough_min_capacity, r
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
 use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Trace, read_csv, replay};
+use adaptalloc::trace::{Trace, csv_files, read_csv, replay};
 
 /// Windows as fractions of the events: prefixes end before the run's later peaks, suffixes
 /// start with blocks whose allocation is outside the window (their frees are dropped).
@@ -130,17 +130,10 @@ fn driver_calls_on_training(workloads: &[Trace], policy: &Policy) {
 fn workloads() -> anyhow::Result<Vec<Trace>> {
     let mut out = Vec::new();
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    if let Ok(rd) = std::fs::read_dir(&dir) {
-        let mut files: Vec<_> = rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-            .collect();
-        files.sort();
-        for f in files {
-            let t = read_csv(&f, false)?;
-            out.extend(WINDOWS.iter().map(|&(a, b)| t.window(a, b)));
-            out.push(t);
-        }
+    for f in csv_files(&dir).unwrap_or_default() {
+        let t = read_csv(&f, false)?;
+        out.extend(WINDOWS.iter().map(|&(a, b)| t.window(a, b)));
+        out.push(t);
     }
     for (name, _) in BUNDLED {
         let spec = WorkloadSpec::bundled(name).expect("bundled");

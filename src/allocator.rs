@@ -97,6 +97,10 @@ struct State {
     /// Each strategy's (reserved, idle) bytes as last summed into `stats`, so that a fast-path
     /// operation, which changes one strategy, re-reads only that one.
     seen: Vec<(u64, u64)>,
+    /// Where the caching and passthrough strategies sit in `strategies`, if present (fixed at
+    /// construction): the strand guard's and the out-of-memory paths' fallbacks.
+    caching_at: Option<usize>,
+    passthrough_at: Option<usize>,
 }
 
 impl State {
@@ -215,6 +219,8 @@ impl Allocator {
                 capacity,
                 release_on_oom,
                 state: Mutex::new(State {
+                    caching_at: strategies.iter().position(|s| s.kind() == StrategyKind::Caching),
+                    passthrough_at: strategies.iter().position(|s| s.kind() == StrategyKind::Passthrough),
                     strategy_stats: vec![StrategyStats::default(); strategies.len()],
                     seen: vec![(0, 0); strategies.len()],
                     strategies,
@@ -469,7 +475,7 @@ impl Shared {
             if let Some(g) = sub.allocate_guarded(dev, aligned, stream)? {
                 return Ok((g, si));
             }
-            if let Some(ci) = st.strategies.iter().position(|s| s.kind() == StrategyKind::Caching) {
+            if let Some(ci) = st.caching_at {
                 st.stats.strand_refusals += 1;
                 return st.strategies[ci].allocate(dev, aligned, stream).map(|g| (g, ci));
             }
@@ -582,11 +588,7 @@ impl Shared {
         if let Some(found) = Self::reuse_without_driver(st, aligned, stream, dev, true) {
             return Ok(found);
         }
-        let i = st
-            .strategies
-            .iter()
-            .position(|s| s.kind() == StrategyKind::Passthrough)
-            .unwrap_or(routed);
+        let i = st.passthrough_at.unwrap_or(routed);
         st.strategies[i].allocate(dev, aligned, stream).map(|g| (g, i))
     }
 
@@ -634,10 +636,7 @@ impl Shared {
         if let Some(found) = Self::reuse_without_driver(st, aligned, stream, dev, false) {
             return Some(found);
         }
-        let i = st
-            .strategies
-            .iter()
-            .position(|s| s.kind() == StrategyKind::Passthrough)?;
+        let i = st.passthrough_at?;
         if i == routed {
             return None;
         }

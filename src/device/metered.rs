@@ -39,9 +39,6 @@ impl Device for Metered {
     fn footprint_model(&self) -> super::Granularity {
         self.inner.footprint_model()
     }
-    fn footprint(&self, bytes: u64) -> u64 {
-        self.inner.footprint(bytes)
-    }
     fn vmm(&self) -> Option<&dyn VirtualMemory> {
         self.inner.vmm().map(|_| self as &dyn VirtualMemory)
     }

@@ -361,10 +361,6 @@ impl Device for SimDevice {
         self.granularity
     }
 
-    fn footprint(&self, bytes: u64) -> u64 {
-        self.granularity.consumed(bytes)
-    }
-
     fn stats(&self) -> DeviceStats {
         self.state.lock().stats
     }

@@ -13,6 +13,16 @@ pub use csv::{parse_csv, read_csv, write_csv};
 pub use pytorch::parse_snapshot;
 pub use rmm::parse_rmm;
 
+/// The CSV traces in `dir`, sorted by name (how `../shared/traces` holds them).
+pub fn csv_files(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
 /// Reads a trace in any supported format, told apart by content: the CSV trace format
 /// (`op,timestamp_ns,...`), an RMM log (`Thread,Time,Action,...`) or a PyTorch snapshot pickle.
 /// `lenient` skips frees of ids that are not live (CSV and RMM).

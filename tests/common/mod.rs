@@ -190,13 +190,7 @@ pub fn trace_files() -> Vec<PathBuf> {
     let Some(dir) = traces_dir() else {
         return Vec::new();
     };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("traces dir readable")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "csv"))
-        .collect();
-    files.sort();
-    files
+    adaptalloc::trace::csv_files(&dir).expect("traces dir readable")
 }
 
 /// Prints a skip reason past the test harness's output capture, so it shows in a plain
