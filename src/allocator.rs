@@ -471,16 +471,32 @@ impl Shared {
         stream: StreamId,
         dev: &dyn Device,
     ) -> Result<(crate::strategy::Grant, usize), DeviceError> {
-        if let Strategy::Suballoc(sub) = &mut st.strategies[si] {
-            if let Some(g) = sub.allocate_guarded(dev, aligned, stream)? {
-                return Ok((g, si));
-            }
-            if let Some(ci) = st.caching_at {
-                st.stats.strand_refusals += 1;
-                return st.strategies[ci].allocate(dev, aligned, stream).map(|g| (g, ci));
-            }
+        if let Strategy::Suballoc(sub) = &mut st.strategies[si]
+            && let Some(g) = sub.allocate_guarded(dev, aligned, stream)?
+        {
+            return Ok((g, si));
         }
-        st.strategies[si].allocate(dev, aligned, stream).map(|g| (g, si))
+        match st.strategies[si] {
+            Strategy::Suballoc(_) => Self::allocate_refused(st, si, aligned, stream, dev),
+            _ => st.strategies[si].allocate(dev, aligned, stream).map(|g| (g, si)),
+        }
+    }
+
+    /// The strand guard refused a slab placement: an exact-size cached block instead (or the
+    /// slab placement after all, with no caching strategy to fall back on).
+    #[cold]
+    fn allocate_refused(
+        st: &mut State,
+        si: usize,
+        aligned: u64,
+        stream: StreamId,
+        dev: &dyn Device,
+    ) -> Result<(crate::strategy::Grant, usize), DeviceError> {
+        let Some(ci) = st.caching_at else {
+            return st.strategies[si].allocate(dev, aligned, stream).map(|g| (g, si));
+        };
+        st.stats.strand_refusals += 1;
+        st.strategies[ci].allocate(dev, aligned, stream).map(|g| (g, ci))
     }
 
     /// Records a granted block as live: the live table, the engine's class statistics and the
