@@ -447,6 +447,9 @@ impl Shared {
         }
         Self::record_live(&mut st, grant, si, bucket, bytes, stream);
         if !grant.hit {
+            if let Some(e) = st.engine.as_deref_mut() {
+                e.on_miss(bucket);
+            }
             st.resample(&self.device);
         }
         if one_touched && grant.hit {

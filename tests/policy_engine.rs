@@ -230,3 +230,44 @@ fn out_of_memory_fallback_hands_out_only_mapped_memory() {
     assert!(live.values().all(|&(p, n)| dev.is_backed(p, n)));
     println!("FIGURE: training at passthrough's exact minimum: {failed} failed allocations");
 }
+
+/// A serving loop: a 6 MiB KV-cache block per request lives for three requests (so slabs keep
+/// live blocks), and four 24 MiB activations per request are freed at its end. Once warm, the
+/// slabs serve both classes without a driver call. Both qualify for caching (one size, every
+/// request finds a freed block), but cached blocks beside the slab holes they leave would take
+/// idle memory over `bounds.max_idle` (25% of the 512 MiB device), and the bound would strip
+/// them again: with the move, 48 driver calls over the 600 warm requests. The classes stay in
+/// slabs and the warm loop makes none.
+#[test]
+fn a_class_the_slabs_serve_without_driver_calls_is_not_moved_into_a_stripped_cache() {
+    let dev = Arc::new(SimDevice::new(512 << 20));
+    let alloc = Allocator::adaptive(dev.clone() as Arc<dyn Device>);
+    let mut kv: std::collections::VecDeque<DevicePtr> = Default::default();
+    let mut request = || {
+        kv.push_back(alloc.allocate_raw(6 << 20, 0).unwrap());
+        let acts: Vec<DevicePtr> = (0..4).map(|_| alloc.allocate_raw(24 << 20, 0).unwrap()).collect();
+        for p in acts {
+            alloc.deallocate(p, 0).unwrap();
+        }
+        if kv.len() > 3 {
+            alloc.deallocate(kv.pop_front().unwrap(), 0).unwrap();
+        }
+    };
+    // Warm up over several routing intervals (1,024 operations each).
+    for _ in 0..600 {
+        request();
+    }
+    let before = alloc.stats();
+    for _ in 0..600 {
+        request();
+    }
+    let after = alloc.stats();
+    let calls = after.driver_allocs + after.driver_frees - before.driver_allocs - before.driver_frees;
+    let report = alloc.report().unwrap();
+    assert!(
+        calls == 0,
+        "{calls} driver calls over 600 warm requests; route changes: {:#?}",
+        report.route_changes
+    );
+    assert_eq!(after.failed_allocs, 0);
+}

@@ -112,7 +112,9 @@ pub struct RoutingPolicy {
     /// class to be cached.
     pub cache_min_reuse: f64,
     /// ... and whose blocks are at most this many live at once: then a cache needs that many
-    /// driver allocations in all, fewer than slabs would.
+    /// driver allocations in all, fewer than slabs would. A class the slabs serve without
+    /// driver calls stays there when the memory held plus its blocks cached would pass
+    /// `bounds.max_idle`.
     pub cache_max_live_blocks: u64,
     /// Operations between routing decisions.
     pub interval_ops: u64,
