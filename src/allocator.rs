@@ -727,7 +727,8 @@ impl Shared {
             headroom: e.headroom_bytes(),
             pressure_events: e.pressure_events,
             peak_stranded: e.peak_stranded,
-            released_by_bounds: e.released_by_bounds,
+            released_by_bounds: e.released_by_bounds
+                + st.strategies.iter().map(Strategy::released_over_bound).sum::<u64>(),
             mem_info_samples: e.mem_info_samples,
             classes: e.summaries(&st.routes),
             route_changes: e.route_changes.clone(),

@@ -65,6 +65,8 @@ pub struct TuningReport {
     pub strand_refusals: u64,
     /// The most memory live blocks in slabs held beyond their driver footprint, at a sample.
     pub peak_stranded_bytes: u64,
+    /// Idle memory given back because of the policy's bounds: by the engine at its samples, and
+    /// by the cache and the slabs on frees (idle over `bounds.max_idle`).
     pub bytes_released_by_bounds: u64,
     pub mem_info_samples: u64,
     pub driver: DriverSummary,
@@ -170,6 +172,7 @@ impl TuningReport {
 
     /// Derives the recommended policy from what happened. Each change says why.
     fn recommend(&mut self) {
+        let (used_idle_bound, larger_idle_bound) = (self.policy_max_idle(), self.larger_idle_bound());
         let p = &mut self.recommended_policy;
         let mut why = Vec::new();
         let tight = self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0;
@@ -185,17 +188,19 @@ impl TuningReport {
                 p.suballoc.loose_growth = p.suballoc.growth;
                 why.push("memory ran short: grow slabs slowly even while there is room".into());
             }
-        } else if self.driver.calls_ratio > 0.10 && self.bytes_released_by_bounds > 0 {
+        } else if self.driver.calls_ratio > 0.10
+            && self.bytes_released_by_bounds > 0
+            && let Some(bound) = larger_idle_bound
+        {
             // Idle memory was given back and then asked for again: keep more of it.
-            let peak = self.memory.peak_live_bytes;
-            let bound = SizeOrFraction::Bytes(peak / 2);
-            p.bounds.max_idle = bound;
+            p.bounds.max_idle = SizeOrFraction::Bytes(bound);
             p.bounds.idle_age_ops = p.bounds.idle_age_ops.saturating_mul(4).max(100_000);
             why.push(format!(
-                "{:.0}% of passthrough's driver calls while {} of idle memory was released by bounds: keep up to {} idle and age it out 4x later",
+                "{:.0}% of passthrough's driver calls while {} of idle memory was released by bounds: keep up to {} idle (was {}) and age it out 4x later",
                 self.driver.calls_ratio * 100.0,
                 ByteSize(self.bytes_released_by_bounds),
-                ByteSize(peak / 2)
+                ByteSize(bound),
+                ByteSize(used_idle_bound)
             ));
         }
         // The guard paid a driver call per refusal for a peak that never came: the workload
@@ -231,6 +236,21 @@ impl TuningReport {
         }
         p.description = format!("recommended by adaptalloc for this workload; based on: {}", self.policy);
         self.recommendations = why;
+    }
+
+    /// `bounds.max_idle` of the policy used, in bytes on this device.
+    fn policy_max_idle(&self) -> u64 {
+        self.recommended_policy.bounds.max_idle.resolve(self.device_total_bytes)
+    }
+
+    /// An idle bound that would have kept what the run held at its peak (at the workload's low
+    /// point nearly all of it is idle), at least twice the bound used, and never the headroom;
+    /// None when that is no more than the bound used (a larger one cannot fit on the device).
+    fn larger_idle_bound(&self) -> Option<u64> {
+        let used = self.policy_max_idle();
+        let most = self.device_total_bytes.saturating_sub(self.memory.headroom_bytes);
+        let bound = self.memory.peak_reserved_bytes.max(used.saturating_mul(2)).min(most);
+        (bound > used).then_some(bound)
     }
 
     pub fn to_json(&self) -> String {

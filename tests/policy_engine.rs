@@ -271,3 +271,49 @@ fn a_class_the_slabs_serve_without_driver_calls_is_not_moved_into_a_stripped_cac
     );
     assert_eq!(after.failed_allocs, 0);
 }
+
+/// Serves `requests` requests of four 96 MiB activations on a 1 GiB device under `policy`: at
+/// each request's end 384 MiB is idle, over the default `bounds.max_idle` (25%). Returns the
+/// report and the driver calls.
+fn serve_large_activations(policy: Policy, requests: usize) -> (adaptalloc::report::TuningReport, u64) {
+    let dev = Arc::new(SimDevice::new(1 << 30));
+    let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
+    for _ in 0..requests {
+        let acts: Vec<DevicePtr> = (0..4).map(|_| alloc.allocate_raw(96 << 20, 0).unwrap()).collect();
+        for p in acts {
+            alloc.deallocate(p, 0).unwrap();
+        }
+    }
+    let s = alloc.stats();
+    (alloc.report().unwrap(), s.driver_allocs + s.driver_frees)
+}
+
+/// Idle memory released by the bound and asked for again: the report recommends a larger
+/// `bounds.max_idle` than the one used (it once recommended half of peak live, which here is
+/// no more than the bound that caused the calls), and the recommended policy, fed back, makes
+/// fewer driver calls.
+#[test]
+fn the_report_recommends_a_larger_idle_bound_when_the_bound_costs_driver_calls() {
+    let (report, calls) = serve_large_activations(Policy::default(), 300);
+    assert!(
+        report.bytes_released_by_bounds > 0 && report.driver.calls_ratio > 0.1,
+        "{report}"
+    );
+    let used = Policy::default().bounds.max_idle.resolve(1 << 30);
+    let recommended = report.recommended_policy.clone();
+    let bound = recommended.bounds.max_idle.resolve(1 << 30);
+    assert!(
+        bound > used,
+        "recommended max_idle {bound} vs {used}: {:?}",
+        report.recommendations
+    );
+    let (again, fewer) = serve_large_activations(recommended, 300);
+    assert_eq!(again.failed_allocs, 0);
+    common::figure(&format!(
+        "large activations, 300 requests: {calls} driver calls; with the recommended policy {fewer}"
+    ));
+    assert!(
+        fewer * 10 < calls,
+        "the recommended policy: {fewer} driver calls vs {calls}"
+    );
+}

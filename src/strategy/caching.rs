@@ -84,6 +84,8 @@ pub struct Caching {
     idle: u64,
     /// The last (request, block size) of granule rounding.
     last_rounded: (u64, u64),
+    /// Bytes given back on frees because idle memory passed `max_idle_bytes`.
+    released_over_bound: u64,
 }
 
 impl Caching {
@@ -99,7 +101,13 @@ impl Caching {
             reserved: 0,
             idle: 0,
             last_rounded: (0, 0),
+            released_over_bound: 0,
         }
+    }
+
+    /// Bytes given back on frees so far because idle memory passed `max_idle_bytes`.
+    pub fn released_over_bound(&self) -> u64 {
+        self.released_over_bound
     }
 
     pub fn config(&self) -> CachingConfig {
@@ -246,7 +254,7 @@ impl Caching {
         self.idle += block_bytes;
         if let Some(bound) = self.config.max_idle_bytes {
             if self.idle > bound {
-                self.trim_to(dev, bound);
+                self.released_over_bound += self.trim_to(dev, bound);
             }
         }
     }

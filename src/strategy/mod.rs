@@ -204,6 +204,16 @@ impl Strategy {
         }
     }
 
+    /// Bytes given back on frees so far because the strategy's own bound on idle memory was
+    /// passed (cached blocks over `max_idle_bytes`, empty slabs over `max_empty_bytes`).
+    pub fn released_over_bound(&self) -> u64 {
+        match self {
+            Strategy::Passthrough(_) => 0,
+            Strategy::Caching(s) => s.released_over_bound(),
+            Strategy::Suballoc(s) => s.released_over_bound(),
+        }
+    }
+
     /// Bytes live blocks pin beyond what the driver would consume for them (slabs only).
     pub fn stranded_bytes(&self) -> u64 {
         match self {

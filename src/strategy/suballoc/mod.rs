@@ -134,6 +134,9 @@ pub struct Suballoc {
     strand_budget: Option<u64>,
     /// How the device's driver consumes memory (read once, on the first allocation).
     model: Option<Granularity>,
+    /// Bytes of emptied slabs given back on frees so far because empty slabs passed
+    /// `max_empty_bytes`.
+    released_over_bound: u64,
 }
 
 impl Suballoc {
@@ -159,6 +162,7 @@ impl Suballoc {
             consumed: 0,
             strand_budget: None,
             model: None,
+            released_over_bound: 0,
         }
     }
 
@@ -170,6 +174,12 @@ impl Suballoc {
     pub fn set_max_empty_bytes(&mut self, dev: &dyn Device, bound: u64) {
         self.config.max_empty_bytes = bound;
         self.release_empty_slabs(dev, bound);
+    }
+
+    /// Bytes of emptied slabs given back on frees so far because empty slabs passed
+    /// `max_empty_bytes`.
+    pub fn released_over_bound(&self) -> u64 {
+        self.released_over_bound
     }
 
     /// Number of slabs held from the device.
@@ -421,7 +431,7 @@ impl Suballoc {
             self.slabs[n.slab].emptied_at = now;
             self.mark_empty(n.slab);
             if self.empty_bytes > self.config.max_empty_bytes {
-                self.release_empty_slabs(dev, self.config.max_empty_bytes);
+                self.released_over_bound += self.release_empty_slabs(dev, self.config.max_empty_bytes);
             }
         }
     }
