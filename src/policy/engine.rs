@@ -197,6 +197,8 @@ pub struct Engine {
     tight_below: u64,
     pressure_max_idle: u64,
     max_idle: u64,
+    /// The bound on idle memory the cache and the slabs apply on frees between samples.
+    on_free_idle: u64,
     next_tick: u64,
     next_sample: u64,
     last_free: u64,
@@ -239,6 +241,7 @@ impl Engine {
             tight_below: b.tight_below.resolve(total),
             pressure_max_idle: b.pressure_max_idle.resolve(total),
             max_idle: b.max_idle.resolve(total),
+            on_free_idle: b.max_idle.resolve(total),
             next_tick: policy.routing.interval_ops,
             next_sample: 0,
             last_free: total,
@@ -411,8 +414,8 @@ impl Engine {
         self.mem_info_samples += 1;
         self.last_free = info.free;
         let idle: u64 = strategies.iter().map(Strategy::idle_bytes).sum();
-        let mut target = self.max_idle;
-        let mut reason = "idle memory over policy bounds.max_idle";
+        let spare = self.spare_at_peak(strategies, info.free, op);
+        let (mut target, mut reason) = self.idle_bound(strategies, dev, spare);
         // Unmapping pages inside slabs in use pays off only when others need the memory now.
         let mut unmap_pages = false;
         if info.free < self.headroom {
@@ -440,7 +443,7 @@ impl Engine {
             unmap_pages = true;
         }
         let limit = info.free.saturating_sub(self.headroom);
-        let budget = self.strand_budget(strategies, info.free, op);
+        let budget = self.strand_budget(spare);
         let stranded: u64 = strategies.iter().map(Strategy::stranded_bytes).sum();
         self.peak_stranded = self.peak_stranded.max(stranded);
         // Tight: free memory under tight_below while the slabs strand more than half the
@@ -507,15 +510,12 @@ impl Engine {
         });
     }
 
-    /// How much the slabs may strand (hold beyond what the driver would consume for their live
-    /// blocks, where no release reaches): `bounds.strand_share` of the memory expected free at
-    /// the workload's peak. The peak is passthrough's footprint at its highest so far, times
-    /// `bounds.peak_growth` until the workload has shown a cycle. None when the guard is off.
-    fn strand_budget(&mut self, strategies: &[Strategy], free: u64, op: u64) -> Option<u64> {
-        let b = &self.policy.bounds;
-        if self.policy.routing.mode != RoutingMode::Adaptive || !self.policy.suballoc.strand_guard {
-            return None;
-        }
+    /// The memory the device is expected to have free at the workload's peak, counting what
+    /// this allocator holds as its own: free plus reserved, less the peak. The peak is
+    /// passthrough's footprint at its highest so far, times `bounds.peak_growth` until the
+    /// workload has shown a cycle (its footprint fell under half its peak after the first
+    /// routing interval).
+    fn spare_at_peak(&mut self, strategies: &[Strategy], free: u64, op: u64) -> u64 {
         let (now, peak) = (self.footprint.current, self.footprint.peak);
         if !self.cycle_seen && op >= self.policy.routing.interval_ops && now < peak / 2 {
             self.cycle_seen = true;
@@ -524,10 +524,56 @@ impl Engine {
         let expected_peak = if self.cycle_seen {
             peak as f64
         } else {
-            peak as f64 * b.peak_growth
+            peak as f64 * self.policy.bounds.peak_growth
         };
         let available = free + strategies.iter().map(Strategy::reserved_bytes).sum::<u64>();
-        Some(((available as f64 - expected_peak).max(0.0) * b.strand_share) as u64)
+        (available as f64 - expected_peak).max(0.0) as u64
+    }
+
+    /// How much the slabs may strand (hold beyond what the driver would consume for their live
+    /// blocks, where no release reaches): `bounds.strand_share` of the memory expected free at
+    /// the workload's peak. None when the guard is off.
+    fn strand_budget(&self, spare: u64) -> Option<u64> {
+        if self.policy.routing.mode != RoutingMode::Adaptive || !self.policy.suballoc.strand_guard {
+            return None;
+        }
+        Some((spare as f64 * self.policy.bounds.strand_share) as u64)
+    }
+
+    /// The idle memory kept at this sample, and why; also sets the bound the cache and the
+    /// slabs apply on frees until the next sample. `bounds.max_idle`, or, outside tight mode,
+    /// as much as keeps what the allocator holds within the workload's peak so far plus
+    /// `bounds.spare_share` of the memory expected free at the peak: what one cycle frees is
+    /// then kept for the next (a serving loop frees nearly all it holds between requests).
+    /// Between samples frees do not change what is held, and every driver allocation is
+    /// followed by a sample, so the cap on what is held holds between samples too.
+    fn idle_bound(&mut self, strategies: &mut [Strategy], dev: &dyn Device, spare: u64) -> (u64, &'static str) {
+        let share = self.policy.bounds.spare_share;
+        let hold = if self.tight || share <= 0.0 {
+            0
+        } else {
+            self.footprint.peak + (spare as f64 * share) as u64
+        };
+        let on_free = self.max_idle.max(hold);
+        if on_free != self.on_free_idle {
+            self.on_free_idle = on_free;
+            for s in strategies.iter_mut() {
+                match s {
+                    Strategy::Caching(c) => c.set_max_idle_bytes(dev, Some(on_free)),
+                    Strategy::Suballoc(sub) => sub.set_max_empty_bytes(dev, on_free),
+                    Strategy::Passthrough(_) => {}
+                }
+            }
+        }
+        let to_peak = hold.saturating_sub(self.footprint.current);
+        if to_peak > self.max_idle {
+            (
+                to_peak,
+                "idle memory over the workload's peak plus bounds.spare_share of the memory free at it",
+            )
+        } else {
+            (self.max_idle, "idle memory over policy bounds.max_idle")
+        }
     }
 
     /// While the device is tight, requests under 1 MiB get exact-size cached blocks (a slab page
@@ -584,8 +630,9 @@ impl Engine {
             // what the allocator holds plus the class's blocks cached would pass
             // `bounds.max_idle`: at the workload's low point (live near 0) nearly all of it is
             // idle, and the bound would strip the cache again on every cycle while the class's
-            // slab holes stay (gpu-medium-ctx1024-infer repeated 5 times at 2x peak live: 24%
-            // of passthrough's driver calls with the move, 4.2% without).
+            // slab holes stay (the 17 workloads repeated 5 times at 2x peak live: 8,558 driver
+            // calls with the move, 908 without; gpu-small-fwd-fp32 and the gpu-medium
+            // inference traces make 5-21% of passthrough's calls with it, 0.2-1.2% without).
             let stays_in_slabs = self.kinds[*route as usize] == StrategyKind::Suballoc
                 && c.w_misses == 0
                 && reserved + c.live.peak > self.max_idle;

@@ -178,7 +178,7 @@ pub struct BoundsPolicy {
     pub tight_below: SizeOrFraction,
     /// Idle memory kept while free memory is under the low watermark.
     pub pressure_max_idle: SizeOrFraction,
-    /// Idle memory never exceeds this ("100%": unbounded).
+    /// Idle memory kept beyond this only as `spare_share` allows ("100%": unbounded).
     pub max_idle: SizeOrFraction,
     /// Idle blocks and empty slabs not reused within this many operations are released (0: never).
     pub idle_age_ops: u64,
@@ -194,6 +194,11 @@ pub struct BoundsPolicy {
     /// is taken to be this multiple of the peak so far when estimating the memory free at the
     /// peak; afterwards the peak so far.
     pub peak_growth: f64,
+    /// Outside tight mode, idle memory may pass `max_idle` as long as what the allocator holds
+    /// stays within the workload's peak footprint so far plus this share of the memory expected
+    /// free at the peak (see `peak_growth`): what one cycle frees (a request, a step) is kept
+    /// for the next. 0: `max_idle` alone bounds idle memory.
+    pub spare_share: f64,
 }
 
 impl Default for BoundsPolicy {
@@ -208,6 +213,7 @@ impl Default for BoundsPolicy {
             mem_info_interval_ops: 1024,
             strand_share: 0.5,
             peak_growth: 3.0,
+            spare_share: 0.5,
         }
     }
 }
@@ -427,7 +433,14 @@ impl Policy {
             return bad(
                 "bounds.peak_growth",
                 b.peak_growth.to_string(),
-                "a factor within 1..1000 (4 is the default)",
+                "a factor within 1..1000 (3 is the default)",
+            );
+        }
+        if !(0.0..=1.0).contains(&b.spare_share) {
+            return bad(
+                "bounds.spare_share",
+                b.spare_share.to_string(),
+                "a share within 0..1 (0.5 is the default; 0 bounds idle memory by max_idle alone)",
             );
         }
         if self.bounds.mem_info_interval_ops == 0 {

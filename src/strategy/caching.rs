@@ -105,7 +105,8 @@ impl Caching {
         }
     }
 
-    /// Bytes given back on frees so far because idle memory passed `max_idle_bytes`.
+    /// Bytes given back so far because idle memory passed `max_idle_bytes` (on frees, or when
+    /// the bound was lowered).
     pub fn released_over_bound(&self) -> u64 {
         self.released_over_bound
     }
@@ -118,7 +119,7 @@ impl Caching {
     pub fn set_max_idle_bytes(&mut self, dev: &dyn Device, bound: Option<u64>) {
         self.config.max_idle_bytes = bound;
         if let Some(b) = bound {
-            self.trim_to(dev, b);
+            self.released_over_bound += self.trim_to(dev, b);
         }
     }
 

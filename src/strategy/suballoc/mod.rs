@@ -173,11 +173,11 @@ impl Suballoc {
     /// Changes how many empty-slab bytes are kept; releases the excess at once.
     pub fn set_max_empty_bytes(&mut self, dev: &dyn Device, bound: u64) {
         self.config.max_empty_bytes = bound;
-        self.release_empty_slabs(dev, bound);
+        self.released_over_bound += self.release_empty_slabs(dev, bound);
     }
 
-    /// Bytes of emptied slabs given back on frees so far because empty slabs passed
-    /// `max_empty_bytes`.
+    /// Bytes of empty slabs given back so far because they passed `max_empty_bytes` (on frees,
+    /// or when the bound was lowered).
     pub fn released_over_bound(&self) -> u64 {
         self.released_over_bound
     }
