@@ -541,15 +541,20 @@ impl Engine {
     }
 
     /// The idle memory kept at this sample, and why; also sets the bound the cache and the
-    /// slabs apply on frees until the next sample. `bounds.max_idle`, or, outside tight mode,
-    /// as much as keeps what the allocator holds within the workload's peak so far plus
+    /// slabs apply on frees until the next sample. `bounds.max_idle`, or, outside tight mode
+    /// and while the slabs strand at most a quarter of the guard's budget, as much as keeps what the allocator holds within the workload's peak so far plus
     /// `bounds.spare_share` of the memory expected free at the peak: what one cycle frees is
     /// then kept for the next (a serving loop frees nearly all it holds between requests).
     /// Between samples frees do not change what is held, and every driver allocation is
     /// followed by a sample, so the cap on what is held holds between samples too.
     fn idle_bound(&mut self, strategies: &mut [Strategy], dev: &dyn Device, spare: u64) -> (u64, &'static str) {
         let share = self.policy.bounds.spare_share;
-        let hold = if self.tight || share <= 0.0 {
+        // Only well clear of tight mode: while the slabs strand more than a quarter of the
+        // guard's budget (where tight mode is left), kept slabs would take more small blocks
+        // and strand more (random churns on 15-31 MiB devices failed at more capacities).
+        let stranded: u64 = strategies.iter().map(Strategy::stranded_bytes).sum();
+        let clear = self.strand_budget(spare).is_none_or(|b| stranded <= b / 4);
+        let hold = if self.tight || !clear || share <= 0.0 {
             0
         } else {
             self.footprint.peak + (spare as f64 * share) as u64
