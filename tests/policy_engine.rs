@@ -243,8 +243,8 @@ fn a_class_the_slabs_serve_without_driver_calls_is_not_moved_into_a_stripped_cac
     let dev = Arc::new(SimDevice::new(512 << 20));
     // Idle memory bounded by max_idle alone: in this small loop the default's allowance up to
     // the peak (bounds.spare_share) keeps the moved blocks too. On the inference traces it
-    // does not: repeated 5 times at 2x peak live, the 17 workloads make 8,558 driver calls
-    // with the move and 908 without.
+    // does not: repeated 5 times at 2x peak live, the 17 workloads make 8,381 driver calls
+    // with the move and 901 without.
     let mut policy = Policy::default();
     policy.bounds.spare_share = 0.0;
     let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);

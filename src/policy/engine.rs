@@ -635,8 +635,8 @@ impl Engine {
             // what the allocator holds plus the class's blocks cached would pass
             // `bounds.max_idle`: at the workload's low point (live near 0) nearly all of it is
             // idle, and the bound would strip the cache again on every cycle while the class's
-            // slab holes stay (the 17 workloads repeated 5 times at 2x peak live: 8,558 driver
-            // calls with the move, 908 without; gpu-small-fwd-fp32 and the gpu-medium
+            // slab holes stay (the 17 workloads repeated 5 times at 2x peak live: 8,381 driver
+            // calls with the move, 901 without; gpu-small-fwd-fp32 and the gpu-medium
             // inference traces make 5-21% of passthrough's calls with it, 0.2-1.2% without).
             let stays_in_slabs = self.kinds[*route as usize] == StrategyKind::Suballoc
                 && c.w_misses == 0
