@@ -541,20 +541,23 @@ impl Engine {
     }
 
     /// The idle memory kept at this sample, and why; also sets the bound the cache and the
-    /// slabs apply on frees until the next sample. `bounds.max_idle`, or, outside tight mode
-    /// and while the slabs strand at most a quarter of the guard's budget, as much as keeps what the allocator holds within the workload's peak so far plus
+    /// slabs apply on frees until the next sample. `bounds.max_idle`, or, while the slabs
+    /// strand at most a quarter of the guard's budget, as much as keeps what the allocator holds within the workload's peak so far plus
     /// `bounds.spare_share` of the memory expected free at the peak: what one cycle frees is
     /// then kept for the next (a serving loop frees nearly all it holds between requests).
     /// Between samples frees do not change what is held, and every driver allocation is
     /// followed by a sample, so the cap on what is held holds between samples too.
     fn idle_bound(&mut self, strategies: &mut [Strategy], dev: &dyn Device, spare: u64) -> (u64, &'static str) {
         let share = self.policy.bounds.spare_share;
-        // Only well clear of tight mode: while the slabs strand more than a quarter of the
-        // guard's budget (where tight mode is left), kept slabs would take more small blocks
-        // and strand more (random churns on 15-31 MiB devices failed at more capacities).
+        // Only while the slabs strand at most a quarter of the guard's budget (where tight mode
+        // is left; with the guard off, outside tight mode): beyond it, kept slabs would take
+        // more small blocks and strand more (random churns on 15-31 MiB devices failed at more
+        // capacities). Tight mode itself, entered at half the budget, needs no test of its own:
+        // without one, gpu-medium-ctx256-infer at 1.1x passthrough's minimum makes 265 driver
+        // calls instead of 477, with the same failures everywhere.
         let stranded: u64 = strategies.iter().map(Strategy::stranded_bytes).sum();
-        let clear = self.strand_budget(spare).is_none_or(|b| stranded <= b / 4);
-        let hold = if self.tight || !clear || share <= 0.0 {
+        let clear = self.strand_budget(spare).map_or(!self.tight, |b| stranded <= b / 4);
+        let hold = if !clear || share <= 0.0 {
             0
         } else {
             self.footprint.peak + (spare as f64 * share) as u64

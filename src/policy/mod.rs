@@ -194,11 +194,11 @@ pub struct BoundsPolicy {
     /// is taken to be this multiple of the peak so far when estimating the memory free at the
     /// peak; afterwards the peak so far.
     pub peak_growth: f64,
-    /// Outside tight mode, while the slabs strand at most a quarter of the strand guard's
-    /// budget, idle memory may pass `max_idle` as long as what the allocator holds
-    /// stays within the workload's peak footprint so far plus this share of the memory expected
-    /// free at the peak (see `peak_growth`): what one cycle frees (a request, a step) is kept
-    /// for the next. 0: `max_idle` alone bounds idle memory.
+    /// While the slabs strand at most a quarter of the strand guard's budget (with the guard
+    /// off: outside tight mode), idle memory may pass `max_idle` as long as what the allocator
+    /// holds stays within the workload's peak footprint so far plus this share of the memory
+    /// expected free at the peak (see `peak_growth`): what one cycle frees (a request, a step)
+    /// is kept for the next. 0: `max_idle` alone bounds idle memory.
     pub spare_share: f64,
 }
 
