@@ -5,12 +5,27 @@ mod common;
 
 use common::all_traces;
 
-use adaptalloc::compare::{CompareOptions, Contender, passthrough_min_capacity, run_one};
+use adaptalloc::compare::{CompareOptions, Contender, StrategyResult, passthrough_min_capacity, run_one};
 use adaptalloc::device::Granularity;
 use adaptalloc::trace::Trace;
 
-fn calls(r: &adaptalloc::compare::StrategyResult) -> u64 {
+fn calls(r: &StrategyResult) -> u64 {
     r.driver_allocs + r.driver_frees
+}
+
+/// "Room to spare": a device of twice the trace's peak live bytes plus 64 MiB.
+fn two_x_live(t: &Trace) -> u64 {
+    (t.peak_live_bytes() as f64 * 2.0) as u64 + (64 << 20)
+}
+
+/// Asserts that `ours` made at most 1/`parts` of passthrough's driver calls on `name`.
+fn assert_share_of_passthrough(name: &str, ours: &StrategyResult, pass: &StrategyResult, parts: u64) {
+    assert!(
+        calls(ours) * parts <= calls(pass),
+        "{name}: {} vs passthrough {}",
+        calls(ours),
+        calls(pass)
+    );
 }
 
 fn is_training(t: &Trace) -> bool {
@@ -124,7 +139,7 @@ fn training_windows() -> Vec<Trace> {
 fn with_room_to_spare_default_makes_few_driver_calls() {
     let opts = CompareOptions::default();
     for t in all_traces().into_iter().chain(training_windows()) {
-        let cap = (t.peak_live_bytes() as f64 * 2.0) as u64 + (64 << 20);
+        let cap = two_x_live(&t);
         let pass = run_one(&t, Contender::Passthrough, cap, &opts);
         let best = Contender::FIXED
             .iter()
@@ -144,13 +159,7 @@ fn with_room_to_spare_default_makes_few_driver_calls() {
         );
         assert!(ours.completed, "{}", t.name);
         if is_training(&t) {
-            assert!(
-                calls(&ours) * 10 <= calls(&pass),
-                "{}: {} vs passthrough {}",
-                t.name,
-                calls(&ours),
-                calls(&pass)
-            );
+            assert_share_of_passthrough(&t.name, &ours, &pass, 10);
             assert!(
                 calls(&ours) as f64 <= 1.05 * best as f64,
                 "{}: {} vs best fixed {best}",
@@ -177,13 +186,7 @@ fn gains_survive_a_tight_device() {
         );
         // Zero failures at 1.1x are asserted in the test above.
         if is_training(&t) {
-            assert!(
-                calls(&ours) * 4 <= calls(&pass),
-                "{}: {} vs passthrough {}",
-                t.name,
-                calls(&ours),
-                calls(&pass)
-            );
+            assert_share_of_passthrough(&t.name, &ours, &pass, 4);
         }
     }
 }
@@ -203,7 +206,7 @@ fn warm_serving_keeps_what_each_request_frees() {
         .into_iter()
         .filter(|t| t.name.contains("infer") || t.name.contains("fwd") || t.name == "serving")
     {
-        let cap = (t.peak_live_bytes() as f64 * 2.0) as u64 + (64 << 20);
+        let cap = two_x_live(&t);
         let pass = run_one(&t, Contender::Passthrough, cap, &opts);
         let ours = run_one(&t, Contender::Adaptive, cap, &opts);
         common::figure(&format!(
@@ -213,12 +216,6 @@ fn warm_serving_keeps_what_each_request_frees() {
             100.0 * calls(&ours) as f64 / calls(&pass) as f64
         ));
         assert_eq!(ours.failed_allocs, 0, "{}", t.name);
-        assert!(
-            calls(&ours) * 50 <= calls(&pass),
-            "{}: {} vs passthrough {}",
-            t.name,
-            calls(&ours),
-            calls(&pass)
-        );
+        assert_share_of_passthrough(&t.name, &ours, &pass, 50);
     }
 }

@@ -406,7 +406,8 @@ impl Engine {
     }
 
     /// Samples free memory and releases idle memory above the bound it implies: never more idle
-    /// than `max_idle`; never so much that free memory sits under the headroom; at most
+    /// than [`idle_bound`](Self::idle_bound) allows (`max_idle`, or up to the peak plus
+    /// `spare_share`); never so much that free memory sits under the headroom; at most
     /// `pressure_max_idle` under the low watermark. Also caps the next slab by free - headroom.
     fn enforce_bounds(&mut self, strategies: &mut [Strategy], dev: &dyn Device, routes: &mut [u8; BUCKETS], op: u64) {
         self.next_sample = op + self.policy.bounds.mem_info_interval_ops;
@@ -415,7 +416,10 @@ impl Engine {
         self.last_free = info.free;
         let idle: u64 = strategies.iter().map(Strategy::idle_bytes).sum();
         let spare = self.spare_at_peak(strategies, info.free, op);
-        let (mut target, mut reason) = self.idle_bound(strategies, dev, spare);
+        let budget = self.strand_budget(spare);
+        let stranded: u64 = strategies.iter().map(Strategy::stranded_bytes).sum();
+        self.peak_stranded = self.peak_stranded.max(stranded);
+        let (mut target, mut reason) = self.idle_bound(strategies, dev, spare, budget, stranded);
         // Unmapping pages inside slabs in use pays off only when others need the memory now.
         let mut unmap_pages = false;
         if info.free < self.headroom {
@@ -443,9 +447,6 @@ impl Engine {
             unmap_pages = true;
         }
         let limit = info.free.saturating_sub(self.headroom);
-        let budget = self.strand_budget(spare);
-        let stranded: u64 = strategies.iter().map(Strategy::stranded_bytes).sum();
-        self.peak_stranded = self.peak_stranded.max(stranded);
         // Tight: free memory under tight_below while the slabs strand more than half the
         // guard's budget (small blocks then leave the slabs, so stranded pages drain; the other
         // half is for what frees strand before the next sample, which the guard cannot refuse).
@@ -542,12 +543,20 @@ impl Engine {
 
     /// The idle memory kept at this sample, and why; also sets the bound the cache and the
     /// slabs apply on frees until the next sample. `bounds.max_idle`, or, while the slabs
-    /// strand at most a quarter of the guard's budget, as much as keeps what the allocator holds within the workload's peak so far plus
-    /// `bounds.spare_share` of the memory expected free at the peak: what one cycle frees is
-    /// then kept for the next (a serving loop frees nearly all it holds between requests).
-    /// Between samples frees do not change what is held, and every driver allocation is
-    /// followed by a sample, so the cap on what is held holds between samples too.
-    fn idle_bound(&mut self, strategies: &mut [Strategy], dev: &dyn Device, spare: u64) -> (u64, &'static str) {
+    /// strand (`stranded`) at most a quarter of the guard's `budget`, as much as keeps what the
+    /// allocator holds within the workload's peak so far plus `bounds.spare_share` of the
+    /// memory expected free at the peak (`spare`): what one cycle frees is then kept for the
+    /// next (a serving loop frees nearly all it holds between requests). Between samples frees
+    /// do not change what is held, and every driver allocation is followed by a sample, so the
+    /// cap on what is held holds between samples too.
+    fn idle_bound(
+        &mut self,
+        strategies: &mut [Strategy],
+        dev: &dyn Device,
+        spare: u64,
+        budget: Option<u64>,
+        stranded: u64,
+    ) -> (u64, &'static str) {
         let share = self.policy.bounds.spare_share;
         // Only while the slabs strand at most a quarter of the guard's budget (where tight mode
         // is left; with the guard off, outside tight mode): beyond it, kept slabs would take
@@ -555,8 +564,7 @@ impl Engine {
         // capacities). Tight mode itself, entered at half the budget, needs no test of its own:
         // without one, gpu-medium-ctx256-infer at 1.1x passthrough's minimum makes 265 driver
         // calls instead of 477, with the same failures everywhere.
-        let stranded: u64 = strategies.iter().map(Strategy::stranded_bytes).sum();
-        let clear = self.strand_budget(spare).map_or(!self.tight, |b| stranded <= b / 4);
+        let clear = budget.map_or(!self.tight, |b| stranded <= b / 4);
         let hold = if !clear || share <= 0.0 {
             0
         } else {
