@@ -149,6 +149,19 @@ fn child() {
     ));
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
     vmm.unreserve(big).unwrap();
+    // A page mapped a second time (retained handle) is memory once, and goes back with its
+    // last mapping, whichever goes first.
+    let (a, b) = (vmm.reserve(PAGE).unwrap(), vmm.reserve(PAGE).unwrap());
+    vmm.map(a, PAGE).unwrap();
+    vmm.map_alias(b, a, PAGE).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY - PAGE);
+    vmm.unmap(a, PAGE).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY - PAGE, "still mapped at b");
+    assert!(vmm.map_alias(a, a, PAGE).is_err(), "nothing is mapped at a any more");
+    vmm.unmap_alias(b, PAGE).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
+    vmm.unreserve(a).unwrap();
+    vmm.unreserve(b).unwrap();
     // The default policy uses page-backed slabs there: pages freed inside a slab that still
     // holds live blocks go back to the driver.
     let dev: Arc<dyn Device> = Arc::new(dev);

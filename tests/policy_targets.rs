@@ -35,7 +35,7 @@ fn is_training(t: &Trace) -> bool {
 /// Failed allocations measured at passthrough's exact minimum, per workload, on the workloads
 /// this was measured on (every other one of them: 0). A ceiling, so that it cannot creep back;
 /// workloads not listed in `MEASURED` are reported, not asserted.
-const AT_EXACT_MINIMUM: &[(&str, u64)] = &[("gpu-medium-ctx128-train.csv", 1), ("gpu-medium-ctx512-train.csv", 1)];
+const AT_EXACT_MINIMUM: &[(&str, u64)] = &[("gpu-medium-ctx512-train.csv", 1)];
 const MEASURED: &[&str] = &[
     "cpu-gpt2-train.csv",
     "cpu-mobilenetv2-train.csv",
@@ -61,9 +61,10 @@ const MEASURED: &[&str] = &[
 /// small-churn failed at 12 capacities up to 1.115x), then up to 4x; from 1.05x on every
 /// workload, below it on the measured ones (an unseen trace is reported there). At exactly
 /// that capacity passthrough has no byte to spare at its peak, and anything held beyond its
-/// footprint then fails a request: the strand guard, page-aligned placement and tight mode at
-/// half the guard's budget bring that to 2 failed allocations on 2 of 17 workloads (65 on 10
-/// before them), checked against `AT_EXACT_MINIMUM`.
+/// footprint then fails a request: the strand guard, page-aligned placement, tight mode at
+/// half the guard's budget and spliced blocks (a page's free end mapped again) bring that to 1
+/// failed allocation on 1 of 17 workloads (65 on 10 before them), checked against
+/// `AT_EXACT_MINIMUM`.
 #[test]
 fn default_never_fails_where_passthrough_completes() {
     let opts = CompareOptions::default();

@@ -126,7 +126,8 @@ impl Shared {
     }
 
     /// Last resorts after out-of-memory: memory already held that fits (no driver call), then an
-    /// exact-size driver allocation (a rounded cache block may not fit where the request does).
+    /// exact-size driver allocation (a rounded cache block may not fit where the request does),
+    /// then a block spliced from the free ends of held slab pages.
     #[cold]
     fn allocate_fallback(
         st: &mut State,
@@ -138,10 +139,17 @@ impl Shared {
         if let Some(found) = Self::reuse_without_driver(st, aligned, stream, dev, false) {
             return Some(found);
         }
-        let i = st.passthrough_at?;
-        if i == routed {
-            return None;
+        if let Some(i) = st.passthrough_at
+            && i != routed
+            && let Ok(g) = st.strategies[i].allocate(dev, aligned, stream)
+        {
+            return Some((g, i));
         }
-        st.strategies[i].allocate(dev, aligned, stream).ok().map(|g| (g, i))
+        // Less new memory than the driver's own allocation would take: a block spliced from the
+        // free ends of held pages and fresh pages.
+        st.strategies.iter_mut().enumerate().find_map(|(i, s)| match s {
+            Strategy::Suballoc(sub) => sub.allocate_spliced(dev, aligned, stream).map(|g| (g, i)),
+            _ => None,
+        })
     }
 }

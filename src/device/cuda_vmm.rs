@@ -5,6 +5,8 @@
 //! Each page is its own physical allocation (cuMemCreate of one granule), because cuMemUnmap
 //! only unmaps whole mappings and the suballocator maps and unmaps page runs independently. The
 //! handle is released right after mapping: the mapping keeps the memory until it is unmapped.
+//! A page can be mapped a second time (`map_alias`: cuMemRetainAllocationHandle on its first
+//! address, then cuMemMap); its memory goes back with its last mapping.
 //! Enabled when the device reports VMM support; `ADAPTALLOC_CUDA_VMM=0` turns it off.
 
 use std::collections::HashMap;
@@ -67,22 +69,35 @@ impl CudaDevice {
         self.vmm_page.unwrap_or(2 << 20)
     }
 
-    /// Maps one page at `va`; on failure nothing stays mapped or allocated.
-    fn map_page(&self, va: DevicePtr) -> Result<(), DeviceError> {
+    /// Maps one page at `va`, backed by `source`: a new page, or (Some) the page mapped at that
+    /// address, mapped a second time. On failure nothing new stays mapped or allocated.
+    fn map_page(&self, va: DevicePtr, source: Option<DevicePtr>) -> Result<(), DeviceError> {
         let page = self.page();
         let prop = allocation_prop(self.ordinal());
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: `handle` and `prop` are live locals; the context is current (checked by map).
-        let r = unsafe { sys::cuMemCreate(&mut handle, page as usize, &prop, 0) };
-        if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            return Err(self.out_of_memory(page));
+        match source {
+            None => {
+                // SAFETY: `handle` and `prop` are live locals; the context is current (checked
+                // by the callers).
+                let r = unsafe { sys::cuMemCreate(&mut handle, page as usize, &prop, 0) };
+                if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                    return Err(self.out_of_memory(page));
+                }
+                check("cuMemCreate", r)?;
+            }
+            Some(src) => {
+                // SAFETY: `handle` is a live local; `src` is a page this device mapped and that
+                // is still mapped (the caller's contract).
+                check("cuMemRetainAllocationHandle", unsafe {
+                    sys::cuMemRetainAllocationHandle(&mut handle, src as *mut std::ffi::c_void)
+                })?;
+            }
         }
-        check("cuMemCreate", r)?;
-        // SAFETY: `va` is a page-aligned address inside one of our reservations (the caller's
-        // contract) and `handle` a fresh allocation of one page.
+        // SAFETY: `va` is a page-aligned, unmapped address inside one of our reservations (the
+        // caller's contract) and `handle` an allocation of one page that we hold a reference to.
         let mapped = check("cuMemMap", unsafe { sys::cuMemMap(va, page as usize, 0, handle, 0) });
-        // SAFETY: the handle is ours; once mapped, the mapping keeps the memory alive, and when
-        // mapping failed this frees it.
+        // SAFETY: the reference is ours; once mapped, the mappings keep the memory alive, and
+        // when mapping a new page failed this frees it.
         let released = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) });
         mapped?;
         released?;
@@ -94,11 +109,61 @@ impl CudaDevice {
         if let Err(e) = check("cuMemSetAccess", unsafe {
             sys::cuMemSetAccess(va, page as usize, &desc, 1)
         }) {
-            // SAFETY: unmapping the page mapped above frees its memory.
+            // SAFETY: removes the mapping made above (a new page's memory goes with it; a page
+            // mapped a second time keeps its first mapping).
             let _ = unsafe { sys::cuMemUnmap(va, page as usize) };
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Maps every page of `ptr..ptr+bytes` (from `src` on, a page at a time, when Some);
+    /// failure changes nothing. One driver allocation in the stats, and `bytes` more allocated
+    /// when the pages are new.
+    fn map_range(&self, ptr: DevicePtr, src: Option<DevicePtr>, bytes: u64) -> Result<(), DeviceError> {
+        self.make_current()?;
+        let page = self.page();
+        let start = Instant::now();
+        let mut done = 0;
+        let mut result = Ok(());
+        while done < bytes {
+            if let Err(e) = self.map_page(ptr + done, src.map(|s| s + done)) {
+                result = Err(e);
+                break;
+            }
+            done += page;
+        }
+        if result.is_err() {
+            // Failure changes nothing: unmap what this call mapped.
+            let _ = self.unmap_pages(ptr, done);
+        }
+        let mut stats = self.stats.lock();
+        stats.driver_ns += start.elapsed().as_nanos() as u64;
+        match result {
+            Ok(()) => {
+                stats.driver_allocs += 1;
+                if src.is_none() {
+                    stats.allocated_bytes += bytes;
+                }
+            }
+            Err(_) => stats.failed_allocs += 1,
+        }
+        result
+    }
+
+    /// Unmaps `ptr..ptr+bytes`: one driver free in the stats, `bytes` fewer allocated when the
+    /// range held the first mappings of its pages.
+    fn unmap_range(&self, ptr: DevicePtr, bytes: u64, first: bool) -> Result<(), DeviceError> {
+        self.make_current()?;
+        let start = Instant::now();
+        let result = self.unmap_pages(ptr, bytes);
+        let mut stats = self.stats.lock();
+        stats.driver_ns += start.elapsed().as_nanos() as u64;
+        stats.driver_frees += 1;
+        if first {
+            stats.allocated_bytes = stats.allocated_bytes.saturating_sub(bytes);
+        }
+        result
     }
 }
 
@@ -145,45 +210,18 @@ impl VirtualMemory for CudaDevice {
     }
 
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.make_current()?;
-        let page = self.page();
-        let start = Instant::now();
-        let mut done = 0;
-        let mut result = Ok(());
-        while done < bytes {
-            if let Err(e) = self.map_page(ptr + done) {
-                result = Err(e);
-                break;
-            }
-            done += page;
-        }
-        if result.is_err() {
-            // Failure changes nothing: unmap what this call mapped.
-            let _ = self.unmap_pages(ptr, done);
-        }
-        let mut stats = self.stats.lock();
-        stats.driver_ns += start.elapsed().as_nanos() as u64;
-        match result {
-            Ok(()) => {
-                stats.driver_allocs += 1;
-                stats.allocated_bytes += bytes;
-                Ok(())
-            }
-            Err(e) => {
-                stats.failed_allocs += 1;
-                Err(e)
-            }
-        }
+        self.map_range(ptr, None, bytes)
     }
 
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.make_current()?;
-        let start = Instant::now();
-        let result = self.unmap_pages(ptr, bytes);
-        let mut stats = self.stats.lock();
-        stats.driver_ns += start.elapsed().as_nanos() as u64;
-        stats.driver_frees += 1;
-        stats.allocated_bytes = stats.allocated_bytes.saturating_sub(bytes);
-        result
+        self.unmap_range(ptr, bytes, true)
+    }
+
+    fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.map_range(ptr, Some(src), bytes)
+    }
+
+    fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.unmap_range(ptr, bytes, false)
     }
 }

@@ -72,4 +72,22 @@ impl VirtualMemory for Metered {
         self.frees.fetch_add(1, Ordering::Relaxed);
         self.inner.vmm().expect("vmm checked by the caller").unmap(ptr, bytes)
     }
+    fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let r = self
+            .inner
+            .vmm()
+            .expect("vmm checked by the caller")
+            .map_alias(ptr, src, bytes);
+        if r.is_ok() {
+            self.allocs.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+    fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .vmm()
+            .expect("vmm checked by the caller")
+            .unmap_alias(ptr, bytes)
+    }
 }

@@ -65,6 +65,15 @@ pub trait VirtualMemory: Send + Sync {
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
     /// Returns the physical memory behind `ptr..ptr+bytes` to the device.
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
+    /// Maps the physical pages already mapped at `src..src+bytes` a second time, at
+    /// `ptr..ptr+bytes` (page-aligned, inside a reservation, unmapped): both ranges then show
+    /// the same memory, and no memory is consumed. CUDA: cuMemRetainAllocationHandle on `src`,
+    /// then cuMemMap. The suballocator uses it to splice the free end of a held page onto a
+    /// new block on out-of-memory.
+    fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
+    /// Undoes [`map_alias`](VirtualMemory::map_alias) at `ptr..ptr+bytes`; the memory stays
+    /// mapped where it was first.
+    fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
 }
 
 /// A source of device memory. Implementations are thread-safe; every method may be called

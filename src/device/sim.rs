@@ -95,7 +95,11 @@ struct State {
     reservations: std::collections::BTreeMap<DevicePtr, (u64, u64)>,
     /// Mapped pages (their addresses), so a double map, an unmap of an unmapped page and a
     /// block handed out over unmapped memory are caught.
-    mapped_pages: std::collections::BTreeSet<DevicePtr>,
+    /// Each mapped page's physical page, named by the address it was first mapped at (a page
+    /// mapped again by `map_alias` names another page's).
+    mapped_pages: std::collections::BTreeMap<DevicePtr, DevicePtr>,
+    /// Mappings of each physical page: its memory goes back when the last one is unmapped.
+    phys_refs: HashMap<DevicePtr, u32>,
 }
 
 /// A simulated GPU. Thread-safe; every call takes one short lock.
@@ -168,7 +172,8 @@ impl SimDeviceBuilder {
                 script: self.script,
                 script_pos: 0,
                 reservations: std::collections::BTreeMap::new(),
-                mapped_pages: std::collections::BTreeSet::new(),
+                mapped_pages: std::collections::BTreeMap::new(),
+                phys_refs: HashMap::new(),
             }),
             faults: self.faults,
             vmm: self.vmm,
@@ -395,7 +400,17 @@ impl SimDevice {
         let first = ptr / page * page;
         (first..ptr + bytes)
             .step_by(page as usize)
-            .all(|p| s.mapped_pages.contains(&p))
+            .all(|p| s.mapped_pages.contains_key(&p))
+    }
+}
+
+impl SimDevice {
+    /// The physical page behind the mapped page at `ptr` (named by the address it was first
+    /// mapped at; a page mapped again by `map_alias` names the same one), or None when `ptr` is
+    /// on no mapped page. Tests count memory by it.
+    pub fn physical_page(&self, ptr: DevicePtr) -> Option<DevicePtr> {
+        let page = self.granularity.large_granule;
+        self.state.lock().mapped_pages.get(&(ptr / page * page)).copied()
     }
 }
 
@@ -432,13 +447,16 @@ impl VirtualMemory for SimDevice {
         let page = self.page_size();
         if (ptr..ptr + bytes)
             .step_by(page as usize)
-            .any(|p| s.mapped_pages.contains(&p))
+            .any(|p| s.mapped_pages.contains_key(&p))
         {
             // The driver refuses to map over a mapping.
             return Err(DeviceError::UnknownPointer { ptr });
         }
         self.admit(&mut s, bytes, bytes)?;
-        s.mapped_pages.extend((ptr..ptr + bytes).step_by(page as usize));
+        for p in (ptr..ptr + bytes).step_by(page as usize) {
+            s.mapped_pages.insert(p, p);
+            s.phys_refs.insert(p, 1);
+        }
         s.used += bytes;
         s.reservations.get_mut(&base).expect("found above").1 += bytes;
         s.stats.driver_allocs += 1;
@@ -447,6 +465,43 @@ impl VirtualMemory for SimDevice {
     }
 
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.drop_mappings(ptr, bytes, false)
+    }
+
+    fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        let page = self.page_size();
+        let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        let pages = (0..bytes).step_by(page as usize);
+        if ptr % page != 0
+            || src % page != 0
+            || pages.clone().any(|o| s.mapped_pages.contains_key(&(ptr + o)))
+            || pages.clone().any(|o| !s.mapped_pages.contains_key(&(src + o)))
+        {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        self.admit(&mut s, bytes, 0)?;
+        for o in pages {
+            let phys = s.mapped_pages[&(src + o)];
+            *s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page") += 1;
+            s.mapped_pages.insert(ptr + o, phys);
+        }
+        s.reservations.get_mut(&base).expect("found above").1 += bytes;
+        s.stats.driver_allocs += 1;
+        Ok(())
+    }
+
+    fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.drop_mappings(ptr, bytes, true)
+    }
+}
+
+impl SimDevice {
+    /// Unmaps `ptr..ptr+bytes`, which must be inside a reservation: first mappings, or with
+    /// `alias` second ones. A physical page's memory goes back with its last mapping.
+    fn drop_mappings(&self, ptr: DevicePtr, bytes: u64, alias: bool) -> Result<(), DeviceError> {
         let mut s = self.state.lock();
         let Some((base, _, mapped)) = Self::reservation_of(&s, ptr, bytes) else {
             return Err(DeviceError::UnknownPointer { ptr });
@@ -455,17 +510,24 @@ impl VirtualMemory for SimDevice {
         if mapped < bytes
             || (ptr..ptr + bytes)
                 .step_by(page as usize)
-                .any(|p| !s.mapped_pages.contains(&p))
+                .any(|p| s.mapped_pages.get(&p).is_none_or(|&phys| (phys != p) != alias))
         {
             return Err(DeviceError::UnknownPointer { ptr });
         }
+        let mut freed = 0;
         for p in (ptr..ptr + bytes).step_by(page as usize) {
-            s.mapped_pages.remove(&p);
+            let phys = s.mapped_pages.remove(&p).expect("checked above");
+            let refs = s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page");
+            *refs -= 1;
+            if *refs == 0 {
+                s.phys_refs.remove(&phys);
+                freed += page;
+            }
         }
-        s.used -= bytes;
+        s.used -= freed;
         s.reservations.get_mut(&base).expect("found above").1 -= bytes;
         s.stats.driver_frees += 1;
-        s.stats.allocated_bytes -= bytes;
+        s.stats.allocated_bytes -= freed;
         s.stats.driver_ns += self.cost.free_ns(bytes);
         Ok(())
     }

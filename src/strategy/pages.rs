@@ -50,6 +50,16 @@ impl PageMap {
         self.mapped_bytes == self.refs.len() as u64 * self.page
     }
 
+    /// Pages in the slab.
+    pub(crate) fn page_count(&self) -> usize {
+        self.refs.len()
+    }
+
+    /// Page `p` is mapped and a live block touches it: its memory stays held until they go.
+    pub(crate) fn is_pinned(&self, p: usize) -> bool {
+        self.mapped[p] && self.refs[p] > 0
+    }
+
     /// Every page under `offset..offset+len` is mapped.
     pub(crate) fn covers(&self, offset: u64, len: u64) -> bool {
         self.pages_of(offset, len).all(|p| self.mapped[p])

@@ -89,17 +89,22 @@ pub fn allocator(dev: &Arc<SimDevice>, setup: impl Into<Setup>) -> Allocator {
 /// overlap, every pointer is 256-byte aligned, live bytes match, reserved = live + idle +
 /// rounding (rounding within its documented bound), and the device holds exactly `reserved`.
 pub fn check_invariants(name: &str, alloc: &Allocator, dev: &SimDevice, live: &[(DevicePtr, u64, u64)]) {
-    let mut sorted: Vec<(DevicePtr, u64)> = live.iter().map(|&(p, s, _)| (p, s)).collect();
-    sorted.sort_unstable();
-    for w in sorted.windows(2) {
+    // In device memory, not addresses: a spliced block maps slab pages a second time.
+    let mut memory: Vec<(u64, u64, DevicePtr)> = live
+        .iter()
+        .flat_map(|&(p, len, _)| physical_ranges(dev, p, len).into_iter().map(move |(m, n)| (m, n, p)))
+        .collect();
+    memory.sort_unstable();
+    for w in memory.windows(2) {
         assert!(
             w[0].0 + w[0].1 <= w[1].0,
-            "{name}: blocks overlap: {:#x}+{} and {:#x}",
-            w[0].0,
-            w[0].1,
-            w[1].0
+            "{name}: blocks {:#x} and {:#x} share device memory",
+            w[0].2,
+            w[1].2
         );
     }
+    let mut sorted: Vec<(DevicePtr, u64)> = live.iter().map(|&(p, s, _)| (p, s)).collect();
+    sorted.sort_unstable();
     for &(p, len) in &sorted {
         assert_eq!(p % 256, 0, "{name}: pointer {p:#x} not 256-byte aligned");
         assert!(
@@ -140,12 +145,14 @@ pub fn check_invariants(name: &str, alloc: &Allocator, dev: &SimDevice, live: &[
         "{name}: stranded over reserved"
     );
     if name.starts_with("suballoc-paged") {
-        // Reference: pages any live block touches, less what the driver would consume for
-        // the blocks as separate allocations.
+        // Reference: physical pages any live block touches (a spliced block's range maps
+        // slab pages a second time), less what the driver would consume for the blocks as
+        // separate allocations.
         let page = dev.granularity_model().large_granule;
         let pages: std::collections::BTreeSet<u64> = live
             .iter()
             .flat_map(|&(p, len, _)| p / page..(p + align_up(len, 256)).div_ceil(page))
+            .map(|p| dev.physical_page(p * page).unwrap_or(p * page))
             .collect();
         let consumed: u64 = live.iter().map(|l| dev.footprint(align_up(l.1, 256))).sum();
         assert_eq!(
@@ -154,6 +161,20 @@ pub fn check_invariants(name: &str, alloc: &Allocator, dev: &SimDevice, live: &[
             "{name}: stranded bytes against the reference"
         );
     }
+}
+
+/// The device memory under `p..p+len`, as (start, length) ranges named by physical page (see
+/// [`SimDevice::physical_page`]); a driver allocation is its own address range.
+fn physical_ranges(dev: &SimDevice, p: DevicePtr, len: u64) -> Vec<(u64, u64)> {
+    let page = dev.granularity_model().large_granule;
+    let mut out = Vec::new();
+    let mut q = p / page * page;
+    while q < p + len {
+        let (lo, hi) = (p.max(q), (p + len).min(q + page));
+        out.push((dev.physical_page(q).unwrap_or(q) + lo - q, hi - lo));
+        q += page;
+    }
+    out
 }
 
 /// A seeded test sequence (the library's SplitMix64) with a log-uniform size helper.

@@ -121,12 +121,21 @@ CUresult cuStreamSynchronize(CUstream stream) { (void)stream; return SUCCESS; }
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { (void)keep; return pool == &pool_token ? SUCCESS : INVALID_VALUE; }
 
 /* Virtual memory management: address ranges from a counter (never dereferenced), physical pages
- * counted against the capacity from cuMemCreate until both released and unmapped. */
+ * counted against the capacity from cuMemCreate until every reference is released (cuMemCreate
+ * and cuMemRetainAllocationHandle take one) and every mapping unmapped. A page may be mapped at
+ * up to MAX_MAPS addresses. */
 typedef unsigned long long CUmemGenericAllocationHandle;
-enum { ATTR_VMM_SUPPORTED = 102, MAX_HANDLES = 1 << 16, STUB_PAGE = 2 << 20 };
-static struct { size_t size; int live, released, mapped; CUdeviceptr va; } handles[MAX_HANDLES];
+enum { ATTR_VMM_SUPPORTED = 102, MAX_HANDLES = 1 << 16, MAX_MAPS = 4, STUB_PAGE = 2 << 20 };
+static struct { size_t size; int live, refs, maps; CUdeviceptr va[MAX_MAPS]; } handles[MAX_HANDLES];
 static CUdeviceptr next_va = (CUdeviceptr)1 << 44;
 
+/* The handle mapped at `ptr` and the mapping's slot, or 0. */
+static int mapping_at(CUdeviceptr ptr, int *slot) {
+    for (int i = 1; i < MAX_HANDLES; i++)
+        for (int m = 0; handles[i].live && m < handles[i].maps; m++)
+            if (handles[i].va[m] == ptr) { *slot = m; return i; }
+    return 0;
+}
 CUresult cuDeviceGetAttribute(int *value, int attr, CUdevice dev) {
     if (dev != 0) return INVALID_DEVICE;
     const char *vmm = getenv("STUB_CUDA_VMM");
@@ -147,8 +156,8 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
 }
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     for (int i = 1; i < MAX_HANDLES; i++)
-        if (handles[i].live && handles[i].mapped && handles[i].va >= ptr && handles[i].va < ptr + size)
-            return INVALID_VALUE; /* still mapped */
+        for (int m = 0; handles[i].live && m < handles[i].maps; m++)
+            if (handles[i].va[m] >= ptr && handles[i].va[m] < ptr + size) return INVALID_VALUE; /* still mapped */
     return SUCCESS;
 }
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const void *prop, unsigned long long flags) {
@@ -159,7 +168,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const vo
         if (!handles[i].live) {
             handles[i].size = size;
             handles[i].live = 1;
-            handles[i].released = handles[i].mapped = 0;
+            handles[i].refs = 1;
+            handles[i].maps = 0;
             used += size;
             *handle = (CUmemGenericAllocationHandle)i;
             return SUCCESS;
@@ -168,41 +178,43 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const vo
     return OUT_OF_MEMORY;
 }
 static void settle(int i) {
-    if (handles[i].live && handles[i].released && !handles[i].mapped) {
+    if (handles[i].live && handles[i].refs == 0 && handles[i].maps == 0) {
         used -= handles[i].size;
         handles[i].live = 0;
     }
 }
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags) {
     (void)flags;
-    if (h == 0 || h >= MAX_HANDLES || !handles[h].live || handles[h].mapped) return INVALID_VALUE;
-    if (offset != 0 || size != handles[h].size || ptr % STUB_PAGE) return INVALID_VALUE;
-    handles[h].mapped = 1;
-    handles[h].va = ptr;
+    int slot;
+    if (h == 0 || h >= MAX_HANDLES || !handles[h].live || handles[h].refs == 0) return INVALID_VALUE;
+    if (offset != 0 || size != handles[h].size || ptr % STUB_PAGE || handles[h].maps == MAX_MAPS) return INVALID_VALUE;
+    if (mapping_at(ptr, &slot)) return INVALID_VALUE; /* already mapped there */
+    handles[h].va[handles[h].maps++] = ptr;
+    return SUCCESS;
+}
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    int slot, i = mapping_at((CUdeviceptr)addr, &slot);
+    if (!i) return INVALID_VALUE;
+    handles[i].refs++;
+    *handle = (CUmemGenericAllocationHandle)i;
     return SUCCESS;
 }
 CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
-    if (h == 0 || h >= MAX_HANDLES || !handles[h].live || handles[h].released) return INVALID_VALUE;
-    handles[h].released = 1;
+    if (h == 0 || h >= MAX_HANDLES || !handles[h].live || handles[h].refs == 0) return INVALID_VALUE;
+    handles[h].refs--;
     settle((int)h);
     return SUCCESS;
 }
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const void *desc, size_t count) {
     (void)desc;
-    if (count != 1) return INVALID_VALUE;
-    for (int i = 1; i < MAX_HANDLES; i++)
-        if (handles[i].live && handles[i].mapped && handles[i].va == ptr && handles[i].size == size) return SUCCESS;
-    return INVALID_VALUE;
+    int slot, i = mapping_at(ptr, &slot);
+    return count == 1 && i && handles[i].size == size ? SUCCESS : INVALID_VALUE;
 }
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     /* As the driver: only whole mappings unmap. */
-    for (int i = 1; i < MAX_HANDLES; i++) {
-        if (handles[i].live && handles[i].mapped && handles[i].va == ptr) {
-            if (handles[i].size != size) return INVALID_VALUE;
-            handles[i].mapped = 0;
-            settle(i);
-            return SUCCESS;
-        }
-    }
-    return INVALID_VALUE;
+    int slot, i = mapping_at(ptr, &slot);
+    if (!i || handles[i].size != size) return INVALID_VALUE;
+    handles[i].va[slot] = handles[i].va[--handles[i].maps];
+    settle(i);
+    return SUCCESS;
 }

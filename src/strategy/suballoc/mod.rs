@@ -10,6 +10,7 @@
 
 mod freelists;
 mod paging;
+mod splice;
 
 use freelists::FreeLists;
 
@@ -137,6 +138,8 @@ pub struct Suballoc {
     /// Bytes of emptied slabs given back on frees so far because empty slabs passed
     /// `max_empty_bytes`.
     released_over_bound: u64,
+    /// Blocks spliced from free page ends on out-of-memory ([`splice`]).
+    splices: Slots<splice::Splice>,
 }
 
 impl Suballoc {
@@ -163,6 +166,7 @@ impl Suballoc {
             strand_budget: None,
             model: None,
             released_over_bound: 0,
+            splices: Slots::new(),
         }
     }
 

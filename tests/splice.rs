@@ -1,0 +1,148 @@
+//! Spliced blocks: on out-of-memory, the suballocator maps the free end of a held page a second
+//! time at the start (or end) of a new block's own address range, so the block needs fewer fresh
+//! pages than a driver allocation of its size would consume.
+
+use std::sync::Arc;
+
+use adaptalloc::device::{Device, SimDevice, VirtualMemory};
+use adaptalloc::size::{KIB, MIB};
+use adaptalloc::strategy::SuballocConfig;
+use adaptalloc::{Allocator, AllocatorConfig, DeviceError, DevicePtr, StrategyConfig};
+
+const PAGE: u64 = 2 * MIB;
+
+#[test]
+fn a_page_mapped_twice_is_memory_once_and_goes_back_with_its_last_mapping() {
+    let dev = SimDevice::new(4 * PAGE);
+    let vmm: &dyn VirtualMemory = dev.vmm().expect("SimDevice has vmm");
+    let (a, b) = (vmm.reserve(PAGE).unwrap(), vmm.reserve(2 * PAGE).unwrap());
+    vmm.map(a, PAGE).unwrap();
+    vmm.map_alias(b + PAGE, a, PAGE).unwrap();
+    assert_eq!(dev.used_bytes(), PAGE, "the second mapping consumes nothing");
+    assert!(dev.is_backed(b + PAGE, PAGE));
+    // Refused: over a mapping, from an unmapped page, unaligned, and undoing a first mapping.
+    for r in [
+        vmm.map_alias(b + PAGE, a, PAGE),
+        vmm.map_alias(b, b, PAGE),
+        vmm.map_alias(b + 256, a, PAGE),
+        vmm.unmap_alias(a, PAGE),
+        vmm.unmap(b + PAGE, PAGE),
+    ] {
+        assert!(matches!(r, Err(DeviceError::UnknownPointer { .. })), "{r:?}");
+    }
+    vmm.unmap(a, PAGE).unwrap();
+    assert_eq!(dev.used_bytes(), PAGE, "still mapped at b");
+    vmm.unmap_alias(b + PAGE, PAGE).unwrap();
+    assert_eq!(dev.used_bytes(), 0, "its last mapping gave it back");
+    vmm.unreserve(a).unwrap();
+    vmm.unreserve(b).unwrap();
+    assert_eq!(dev.leak_report().blocks, 0);
+}
+
+/// An allocator on one-page slabs backed page by page.
+fn one_page_slabs(dev: &Arc<SimDevice>) -> Allocator {
+    let config = SuballocConfig {
+        min_slab: PAGE,
+        max_slab: PAGE,
+        page_release: true,
+        ..SuballocConfig::default()
+    };
+    Allocator::new(
+        dev.clone() as Arc<dyn Device>,
+        AllocatorConfig::new(StrategyConfig::Suballoc(config)),
+    )
+}
+
+fn free_bytes(dev: &SimDevice) -> u64 {
+    dev.mem_info().unwrap().free
+}
+
+#[test]
+fn a_request_that_fits_only_with_a_held_pages_free_end_is_spliced() {
+    let dev = Arc::new(SimDevice::new(8 * PAGE));
+    let alloc = one_page_slabs(&dev);
+    // A small block holds page 0; its last 1.94 MiB are free.
+    let small = alloc.allocate_raw(64 * KIB, 0).unwrap();
+    // Another tenant leaves three pages: 7 MiB as a driver allocation needs four.
+    dev.tenant_take(1, 4 * PAGE).unwrap();
+    assert_eq!(free_bytes(&dev), 3 * PAGE);
+    let big = alloc
+        .allocate_raw(7 * MIB, 0)
+        .expect("spliced: 1 MiB on page 0's end, 3 fresh pages");
+    assert!(dev.is_backed(big, 7 * MIB));
+    assert_eq!(free_bytes(&dev), 0);
+    let s = alloc.stats();
+    assert_eq!(
+        (s.oom_recoveries, s.failed_allocs, s.reserved_bytes.current),
+        (1, 0, 4 * PAGE)
+    );
+    // Page 0 still serves small requests between the small block and the spliced part.
+    let mid = alloc.allocate_raw(512 * KIB, 0).unwrap();
+    assert!((small..small + PAGE).contains(&mid));
+    // Freeing the spliced block gives its fresh pages back; page 0 stays with its blocks.
+    alloc.deallocate(big, 0).unwrap();
+    assert_eq!(free_bytes(&dev), 3 * PAGE);
+    assert_eq!(alloc.stats().reserved_bytes.current, PAGE);
+    // Its part of page 0 is free again: 1 MiB there, with no driver call.
+    let calls = dev.stats().driver_allocs;
+    let again = alloc.allocate_raw(MIB, 0).unwrap();
+    assert_eq!(dev.stats().driver_allocs, calls);
+    for p in [small, mid, again] {
+        alloc.deallocate(p, 0).unwrap();
+    }
+    drop(alloc);
+    dev.tenant_release(1);
+    assert_eq!((dev.leak_report().blocks, free_bytes(&dev)), (0, 8 * PAGE));
+}
+
+#[test]
+fn two_free_page_ends_hold_a_block_with_no_new_memory() {
+    let dev = Arc::new(SimDevice::new(8 * PAGE));
+    let alloc = one_page_slabs(&dev);
+    // Page A: a block at its start, its last 512 KiB free. Page B: its first 512 KiB freed.
+    let a = alloc.allocate_raw(1536 * KIB, 0).unwrap();
+    let a_end = alloc.allocate_raw(512 * KIB, 0).unwrap();
+    let b_front = alloc.allocate_raw(512 * KIB, 0).unwrap();
+    let b = alloc.allocate_raw(1536 * KIB, 0).unwrap();
+    assert_eq!(
+        (a_end, b),
+        (a + 1536 * KIB, b_front + 512 * KIB),
+        "two pages, each filled"
+    );
+    alloc.deallocate(a_end, 0).unwrap();
+    alloc.deallocate(b_front, 0).unwrap();
+    let held = alloc.stats().reserved_bytes.current;
+    assert_eq!(held, 2 * PAGE);
+    dev.tenant_take(1, free_bytes(&dev)).unwrap();
+    // 768 KiB fits no hole, and the device has no byte left: page A's end then page B's start.
+    let spliced = alloc.allocate_raw(768 * KIB, 0).expect("spliced from two page ends");
+    assert!(dev.is_backed(spliced, 768 * KIB));
+    assert_eq!(alloc.stats().reserved_bytes.current, held, "no new memory");
+    // What the two ends still hold is not handed out twice: a 256 KiB block fits in what is
+    // left of them (256 KiB of page B's start), and then nothing does.
+    let rest = alloc.allocate_raw(256 * KIB, 0).unwrap();
+    let ranges = [
+        (a, 1536 * KIB),
+        (b, 1536 * KIB),
+        (spliced, 768 * KIB),
+        (rest, 256 * KIB),
+    ];
+    assert_disjoint(&ranges);
+    assert!(alloc.allocate_raw(256 * KIB, 0).is_err());
+    for (p, _) in ranges {
+        alloc.deallocate(p, 0).unwrap();
+    }
+    drop(alloc);
+    dev.tenant_release(1);
+    assert_eq!((dev.leak_report().blocks, free_bytes(&dev)), (0, 8 * PAGE));
+}
+
+/// Address ranges that must not overlap (distinct ranges of one address space; the spliced
+/// block's own range shows the same memory as two slab ranges, which the allocator keeps used).
+fn assert_disjoint(ranges: &[(DevicePtr, u64)]) {
+    for (i, &(p, n)) in ranges.iter().enumerate() {
+        for &(q, m) in &ranges[i + 1..] {
+            assert!(p + n <= q || q + m <= p, "{p:#x}+{n} overlaps {q:#x}+{m}");
+        }
+    }
+}
