@@ -99,18 +99,15 @@ fn a_request_that_fits_only_with_a_held_pages_free_end_is_spliced() {
 fn two_free_page_ends_hold_a_block_with_no_new_memory() {
     let dev = Arc::new(SimDevice::new(8 * PAGE));
     let alloc = one_page_slabs(&dev);
-    // Page A: a block at its start, its last 512 KiB free. Page B: its first 512 KiB freed.
-    let a = alloc.allocate_raw(1536 * KIB, 0).unwrap();
-    let a_end = alloc.allocate_raw(512 * KIB, 0).unwrap();
-    let b_front = alloc.allocate_raw(512 * KIB, 0).unwrap();
-    let b = alloc.allocate_raw(1536 * KIB, 0).unwrap();
-    assert_eq!(
-        (a_end, b),
-        (a + 1536 * KIB, b_front + 512 * KIB),
-        "two pages, each filled"
-    );
-    alloc.deallocate(a_end, 0).unwrap();
-    alloc.deallocate(b_front, 0).unwrap();
+    // Pages A and B, each four 512 KiB blocks; A's last block and B's first are freed.
+    let quarters = |alloc: &Allocator| -> Vec<DevicePtr> {
+        let q: Vec<DevicePtr> = (0..4).map(|_| alloc.allocate_raw(512 * KIB, 0).unwrap()).collect();
+        assert!(q.windows(2).all(|w| w[1] == w[0] + 512 * KIB), "one page, in order");
+        q
+    };
+    let (a, b) = (quarters(&alloc), quarters(&alloc));
+    alloc.deallocate(a[3], 0).unwrap();
+    alloc.deallocate(b[0], 0).unwrap();
     let held = alloc.stats().reserved_bytes.current;
     assert_eq!(held, 2 * PAGE);
     dev.tenant_take(1, free_bytes(&dev)).unwrap();
@@ -121,12 +118,8 @@ fn two_free_page_ends_hold_a_block_with_no_new_memory() {
     // What the two ends still hold is not handed out twice: a 256 KiB block fits in what is
     // left of them (256 KiB of page B's start), and then nothing does.
     let rest = alloc.allocate_raw(256 * KIB, 0).unwrap();
-    let ranges = [
-        (a, 1536 * KIB),
-        (b, 1536 * KIB),
-        (spliced, 768 * KIB),
-        (rest, 256 * KIB),
-    ];
+    let mut ranges: Vec<(DevicePtr, u64)> = a[..3].iter().chain(&b[1..]).map(|&p| (p, 512 * KIB)).collect();
+    ranges.extend([(spliced, 768 * KIB), (rest, 256 * KIB)]);
     assert_disjoint(&ranges);
     assert!(alloc.allocate_raw(256 * KIB, 0).is_err());
     for (p, _) in ranges {
@@ -145,4 +138,32 @@ fn assert_disjoint(ranges: &[(DevicePtr, u64)]) {
             assert!(p + n <= q || q + m <= p, "{p:#x}+{n} overlaps {q:#x}+{m}");
         }
     }
+}
+
+#[test]
+fn blocks_in_slabs_of_their_own_alternate_ends_so_splices_find_both() {
+    let dev = Arc::new(SimDevice::new(8 * PAGE));
+    let alloc = one_page_slabs(&dev);
+    // Each 3 MiB block gets a two-page slab of its own: one leaves its slab's last 1 MiB free,
+    // the other its first 1 MiB.
+    let x = alloc.allocate_raw(3 * MIB, 0).unwrap();
+    let y = alloc.allocate_raw(3 * MIB, 0).unwrap();
+    let (start, end) = (|p: DevicePtr| p % PAGE == 0, |p: DevicePtr| (p + 3 * MIB) % PAGE == 0);
+    assert!(
+        (start(x) && end(y)) || (end(x) && start(y)),
+        "one at its slab's start, the other at its end: {x:#x}, {y:#x}"
+    );
+    dev.tenant_take(1, free_bytes(&dev)).unwrap();
+    // A page's worth with no memory left: one slab's free end, then the other's free start.
+    let z = alloc
+        .allocate_raw(PAGE, 0)
+        .expect("spliced from the two slabs' free ends");
+    assert!(dev.is_backed(z, PAGE));
+    assert_eq!(alloc.stats().reserved_bytes.current, 4 * PAGE, "no new memory");
+    for p in [x, y, z] {
+        alloc.deallocate(p, 0).unwrap();
+    }
+    drop(alloc);
+    dev.tenant_release(1);
+    assert_eq!((dev.leak_report().blocks, free_bytes(&dev)), (0, 8 * PAGE));
 }

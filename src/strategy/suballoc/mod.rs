@@ -140,6 +140,9 @@ pub struct Suballoc {
     released_over_bound: u64,
     /// Blocks spliced from free page ends on out-of-memory ([`splice`]).
     splices: Slots<splice::Splice>,
+    /// Where the next block that gets a paged slab of its own size goes: at the slab's end
+    /// (true) or its start ([`own_slab_pad`](Suballoc::own_slab_pad)).
+    own_slab_at_end: bool,
 }
 
 impl Suballoc {
@@ -167,6 +170,7 @@ impl Suballoc {
             model: None,
             released_over_bound: 0,
             splices: Slots::new(),
+            own_slab_at_end: false,
         }
     }
 
@@ -236,6 +240,11 @@ impl Suballoc {
         let (idx, mut hit) = match found {
             Some(idx) => (idx, true),
             None => (self.new_slab(dev, bytes, pool)?, false),
+        };
+        let pad = if found.is_none() {
+            self.own_slab_pad(idx, bytes)
+        } else {
+            pad
         };
         if self.map_for(dev, idx, pad, bytes)? {
             hit = false;

@@ -29,6 +29,24 @@ impl Suballoc {
         if spans_more && pad + bytes <= n.size { pad } else { 0 }
     }
 
+    /// Where a block of `bytes` goes in new slab `idx`, as an offset from its start. A block of
+    /// half a page or more that got a paged slab of its own size leaves the slab's slack (under
+    /// a page) free at one end, and the ends alternate: pages held by such blocks then offer
+    /// free starts as well as free ends, and a spliced block ([`super::splice`]) needs one of
+    /// each to start and end on held pages. 0 (the start) otherwise. Slow path (a new slab).
+    pub(super) fn own_slab_pad(&mut self, idx: u32, bytes: u64) -> u64 {
+        let n = self.nodes[idx];
+        let Some(Some(pm)) = self.pages.get(n.slab as usize) else {
+            return 0;
+        };
+        let page = pm.page_size();
+        if bytes < page / 2 || n.size == bytes || n.size != round_up(bytes, page) {
+            return 0;
+        }
+        self.own_slab_at_end = !self.own_slab_at_end;
+        if self.own_slab_at_end { n.size - bytes } else { 0 }
+    }
+
     /// Maps the pages a block of `bytes` placed `pad` bytes into free node `idx` needs; true
     /// when it made driver calls. Fails (changing nothing) when the device cannot back them.
     pub(super) fn map_for(&mut self, dev: &dyn Device, idx: u32, pad: u64, bytes: u64) -> Result<bool, DeviceError> {
