@@ -101,6 +101,26 @@ fn default_never_fails_where_passthrough_completes() {
     ));
 }
 
+/// Between the 1% steps: the bundled small-churn, a random churn on a device of 7 pages, at
+/// every 0.05% from passthrough's exact minimum to 1.05x. It failed at 1.002x, 1.0205x and
+/// 1.0355-1.038x until tight mode stopped waiting for the slabs to strand on devices of so few
+/// pages.
+#[test]
+fn a_random_churn_on_a_device_of_few_pages_never_fails_between_the_steps() {
+    let spec = adaptalloc::synth::WorkloadSpec::bundled("small-churn").expect("bundled");
+    let t = spec.generate(spec.seed);
+    let min = passthrough_min_capacity(&t, Granularity::default());
+    let opts = CompareOptions::default();
+    let failing: Vec<String> = (0..=100)
+        .map(|i| 1.0 + f64::from(i) * 0.0005)
+        .filter_map(|f| {
+            let r = run_one(&t, Contender::Adaptive, (min as f64 * f) as u64, &opts);
+            (r.failed_allocs > 0).then(|| format!("{f:.4}x: {}", r.failed_allocs))
+        })
+        .collect();
+    assert!(failing.is_empty(), "small-churn fails at {failing:?}");
+}
+
 /// The measured training traces, each with windows of it: a trace is itself a window of a
 /// run, and a prefix (a first step that never shows a cycle) is where the peak forecast used to
 /// cost calls (1.4-1.8x plain suballocation's at 2x live on the first 40% of
