@@ -21,11 +21,12 @@ pub(super) struct Splice {
     /// The block's own address range (a reservation) and its length.
     base: DevicePtr,
     span: u64,
-    /// The held page mapped again at `base`, and the slab node holding the block's bytes on it.
+    /// The slab node holding the block's bytes on the held page mapped again at `base`.
     front: Option<u32>,
     /// Bytes of fresh pages mapped after the front page.
     fresh: u64,
-    /// The held page mapped again after the fresh pages, and the node holding the block's bytes on it.
+    /// The slab node holding the block's bytes on the held page mapped again after the fresh
+    /// pages.
     back: Option<u32>,
     /// Bytes of the block on fresh pages.
     body: u64,
@@ -150,11 +151,6 @@ impl Suballoc {
         for node in [s.front, s.back].into_iter().flatten() {
             self.deallocate(dev, BlockMeta::Sub { node }, stream, now);
         }
-    }
-
-    /// Spliced blocks live now.
-    pub fn spliced_blocks(&self) -> usize {
-        self.splices.live()
     }
 
     /// The largest free tail and the largest free head of held pages usable by `stream`, from
