@@ -167,3 +167,34 @@ fn blocks_in_slabs_of_their_own_alternate_ends_so_splices_find_both() {
     dev.tenant_release(1);
     assert_eq!((dev.leak_report().blocks, free_bytes(&dev)), (0, 8 * PAGE));
 }
+
+#[test]
+fn blocks_that_would_straddle_a_page_alternate_ends() {
+    let dev = Arc::new(SimDevice::new(32 * PAGE));
+    let config = SuballocConfig {
+        min_slab: 8 * PAGE,
+        page_release: true,
+        ..SuballocConfig::default()
+    };
+    let alloc = Allocator::new(
+        dev.clone() as Arc<dyn Device>,
+        AllocatorConfig::new(StrategyConfig::Suballoc(config)),
+    );
+    // 1.5 MiB blocks one after another. The 2nd, 4th and 5th would straddle a page boundary
+    // where they come (the 3rd comes on one), so they move to start on the next boundary or to
+    // end on it, every other time: the 2nd ends on one, the 4th starts, the 5th ends.
+    let blocks: Vec<DevicePtr> = (0..5).map(|_| alloc.allocate_raw(1536 * KIB, 0).unwrap()).collect();
+    let (starts, ends): (Vec<bool>, Vec<bool>) = blocks
+        .iter()
+        .map(|&b| (b % PAGE == 0, (b + 1536 * KIB) % PAGE == 0))
+        .unzip();
+    assert!(
+        blocks.iter().all(|&b| b / PAGE == (b + 1536 * KIB - 1) / PAGE),
+        "none straddles"
+    );
+    assert_eq!(starts, [true, false, true, true, false], "{blocks:#x?}");
+    assert_eq!(ends, [false, true, false, false, true], "{blocks:#x?}");
+    for p in blocks {
+        alloc.deallocate(p, 0).unwrap();
+    }
+}

@@ -140,9 +140,10 @@ pub struct Suballoc {
     released_over_bound: u64,
     /// Blocks spliced from free page ends on out-of-memory ([`splice`]).
     splices: Slots<splice::Splice>,
-    /// Where the next block that gets a paged slab of its own size goes: at the slab's end
-    /// (true) or its start ([`own_slab_pad`](Suballoc::own_slab_pad)).
-    own_slab_at_end: bool,
+    /// Where the next block of half a page or more that could go either way goes: ending on a
+    /// page boundary (true) or starting on one ([`placement_pad`](Suballoc::placement_pad),
+    /// [`own_slab_pad`](Suballoc::own_slab_pad)).
+    next_at_end: bool,
 }
 
 impl Suballoc {
@@ -170,7 +171,7 @@ impl Suballoc {
             model: None,
             released_over_bound: 0,
             splices: Slots::new(),
-            own_slab_at_end: false,
+            next_at_end: false,
         }
     }
 
@@ -231,7 +232,7 @@ impl Suballoc {
             .and_then(|li| self.find(li, bytes))
             .or_else(|| self.any_list[pool as usize].and_then(|li| self.find(li, bytes)));
         let footprint = self.footprint(dev, bytes);
-        let pad = found.map_or(0, |idx| self.page_pad(idx, bytes));
+        let pad = found.map_or(0, |idx| self.placement_pad(idx, bytes));
         if let Some(budget) = self.strand_budget.filter(|_| guarded)
             && self.strands_over(dev, found, pad, bytes, footprint, budget)
         {
