@@ -71,3 +71,34 @@ fn out_of_memory_on_a_gpu_is_a_typed_error() {
         }
     }
 }
+
+/// Spliced blocks map a held page a second time (cuMemRetainAllocationHandle, cuMemMap): the
+/// driver must count that memory once and keep it until its last mapping goes.
+#[test]
+fn a_page_mapped_twice_on_a_gpu_is_memory_once() {
+    let Some(dev) = device() else { return };
+    let Some(vmm) = dev.vmm() else {
+        skip("this GPU or driver has no virtual memory management");
+        return;
+    };
+    let page = vmm.page_size();
+    let (a, b) = (vmm.reserve(page).unwrap(), vmm.reserve(page).unwrap());
+    vmm.map(a, page).unwrap();
+    let mapped_once = dev.mem_info().unwrap().free;
+    vmm.map_alias(b, a, page).unwrap();
+    // Other processes may move free memory a little meanwhile; a second page would be a page.
+    let after_alias = dev.mem_info().unwrap().free;
+    assert!(
+        mapped_once.abs_diff(after_alias) < page,
+        "{mapped_once} -> {after_alias}"
+    );
+    vmm.unmap(a, page).unwrap();
+    vmm.unmap_alias(b, page).unwrap();
+    let again = vmm.map_alias(b, a, page);
+    if again.is_ok() {
+        vmm.unmap_alias(b, page).unwrap();
+    }
+    vmm.unreserve(a).unwrap();
+    vmm.unreserve(b).unwrap();
+    assert!(again.is_err(), "nothing is mapped at a any more");
+}
