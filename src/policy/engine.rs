@@ -33,14 +33,10 @@ const SMALL_BUCKETS: usize = 20;
 /// Distinct sizes tracked per window; more counts as "varied".
 const SIZES: usize = 4;
 /// A device of fewer pages than this (16 MiB with 2 MiB pages) enters tight mode on free memory
-/// alone. There one page stranded by frees is over 12% of the device: on the bundled small-churn
-/// (a 13.8-15.9 MiB device from 1.0x to 1.15x passthrough's minimum) waiting for the slabs to
-/// strand half the guard's budget failed allocations at 7 of 301 capacities on a 0.05% grid,
-/// and at none without it, for 1% more driver calls at 1.1x. 16 pages did as well, but the
-/// same workload on a 20 MiB device (1.5x its peak live) repeated 10 times then made 227,634
-/// driver calls instead of 143,034: with half the device to spare, stranding is harmless and
-/// waiting for it is cheaper. Forecasts of the spare memory at the peak instead of the device's
-/// size left a failure at 1.0205x (early in the run the forecast peak is too low).
+/// alone: there one page stranded by frees is over 12% of the device. Waiting for the slabs to
+/// strand failed small-churn (7 pages) at 7 of 301 capacities on a 0.05% grid up to 1.15x.
+/// At 16 pages the same workload at 1.5x peak live repeated 10 times made 227,634 driver calls,
+/// not 143,034; forecasting the spare at the peak instead left a failure at 1.0205x.
 const TINY_DEVICE_PAGES: u64 = 8;
 
 /// The last [`RING`] values of a quantity, for quantiles.
