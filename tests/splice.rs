@@ -39,11 +39,11 @@ fn a_page_mapped_twice_is_memory_once_and_goes_back_with_its_last_mapping() {
     assert_eq!(dev.leak_report().blocks, 0);
 }
 
-/// An allocator on one-page slabs backed page by page.
-fn one_page_slabs(dev: &Arc<SimDevice>) -> Allocator {
+/// An allocator on slabs of `min_slab..max_slab` bytes backed page by page.
+fn paged_slabs(dev: &Arc<SimDevice>, min_slab: u64, max_slab: u64) -> Allocator {
     let config = SuballocConfig {
-        min_slab: PAGE,
-        max_slab: PAGE,
+        min_slab,
+        max_slab,
         page_release: true,
         ..SuballocConfig::default()
     };
@@ -51,6 +51,22 @@ fn one_page_slabs(dev: &Arc<SimDevice>) -> Allocator {
         dev.clone() as Arc<dyn Device>,
         AllocatorConfig::new(StrategyConfig::Suballoc(config)),
     )
+}
+
+/// An allocator on one-page slabs backed page by page.
+fn one_page_slabs(dev: &Arc<SimDevice>) -> Allocator {
+    paged_slabs(dev, PAGE, PAGE)
+}
+
+/// Frees `blocks`, drops the allocator and tenant 1's memory: the 8-page device is then whole
+/// again, with nothing left allocated.
+fn free_all_leaves_nothing(alloc: Allocator, dev: &SimDevice, blocks: impl IntoIterator<Item = DevicePtr>) {
+    for p in blocks {
+        alloc.deallocate(p, 0).unwrap();
+    }
+    drop(alloc);
+    dev.tenant_release(1);
+    assert_eq!((dev.leak_report().blocks, free_bytes(dev)), (0, 8 * PAGE));
 }
 
 fn free_bytes(dev: &SimDevice) -> u64 {
@@ -87,12 +103,7 @@ fn a_request_that_fits_only_with_a_held_pages_free_end_is_spliced() {
     let calls = dev.stats().driver_allocs;
     let again = alloc.allocate_raw(MIB, 0).unwrap();
     assert_eq!(dev.stats().driver_allocs, calls);
-    for p in [small, mid, again] {
-        alloc.deallocate(p, 0).unwrap();
-    }
-    drop(alloc);
-    dev.tenant_release(1);
-    assert_eq!((dev.leak_report().blocks, free_bytes(&dev)), (0, 8 * PAGE));
+    free_all_leaves_nothing(alloc, &dev, [small, mid, again]);
 }
 
 #[test]
@@ -122,12 +133,7 @@ fn two_free_page_ends_hold_a_block_with_no_new_memory() {
     ranges.extend([(spliced, 768 * KIB), (rest, 256 * KIB)]);
     assert_disjoint(&ranges);
     assert!(alloc.allocate_raw(256 * KIB, 0).is_err());
-    for (p, _) in ranges {
-        alloc.deallocate(p, 0).unwrap();
-    }
-    drop(alloc);
-    dev.tenant_release(1);
-    assert_eq!((dev.leak_report().blocks, free_bytes(&dev)), (0, 8 * PAGE));
+    free_all_leaves_nothing(alloc, &dev, ranges.into_iter().map(|(p, _)| p));
 }
 
 /// Address ranges that must not overlap (distinct ranges of one address space; the spliced
@@ -160,26 +166,13 @@ fn blocks_in_slabs_of_their_own_alternate_ends_so_splices_find_both() {
         .expect("spliced from the two slabs' free ends");
     assert!(dev.is_backed(z, PAGE));
     assert_eq!(alloc.stats().reserved_bytes.current, 4 * PAGE, "no new memory");
-    for p in [x, y, z] {
-        alloc.deallocate(p, 0).unwrap();
-    }
-    drop(alloc);
-    dev.tenant_release(1);
-    assert_eq!((dev.leak_report().blocks, free_bytes(&dev)), (0, 8 * PAGE));
+    free_all_leaves_nothing(alloc, &dev, [x, y, z]);
 }
 
 #[test]
 fn blocks_that_would_straddle_a_page_alternate_ends() {
     let dev = Arc::new(SimDevice::new(32 * PAGE));
-    let config = SuballocConfig {
-        min_slab: 8 * PAGE,
-        page_release: true,
-        ..SuballocConfig::default()
-    };
-    let alloc = Allocator::new(
-        dev.clone() as Arc<dyn Device>,
-        AllocatorConfig::new(StrategyConfig::Suballoc(config)),
-    );
+    let alloc = paged_slabs(&dev, 8 * PAGE, SuballocConfig::default().max_slab);
     // 1.5 MiB blocks one after another. The 2nd, 4th and 5th would straddle a page boundary
     // where they come (the 3rd comes on one), so they move to start on the next boundary or to
     // end on it, every other time: the 2nd ends on one, the 4th starts, the 5th ends.

@@ -476,14 +476,12 @@ impl Shared {
         stream: StreamId,
         dev: &dyn Device,
     ) -> Result<(crate::strategy::Grant, usize), DeviceError> {
-        if let Strategy::Suballoc(sub) = &mut st.strategies[si]
-            && let Some(g) = sub.allocate_guarded(dev, aligned, stream)?
-        {
-            return Ok((g, si));
-        }
-        match st.strategies[si] {
-            Strategy::Suballoc(_) => Self::allocate_refused(st, si, aligned, stream, dev),
-            _ => st.strategies[si].allocate(dev, aligned, stream).map(|g| (g, si)),
+        let Strategy::Suballoc(sub) = &mut st.strategies[si] else {
+            return st.strategies[si].allocate(dev, aligned, stream).map(|g| (g, si));
+        };
+        match sub.allocate_guarded(dev, aligned, stream)? {
+            Some(g) => Ok((g, si)),
+            None => Self::allocate_refused(st, si, aligned, stream, dev),
         }
     }
 

@@ -94,9 +94,8 @@ struct State {
     /// Address reservations (virtual memory): base -> (size, mapped bytes).
     reservations: std::collections::BTreeMap<DevicePtr, (u64, u64)>,
     /// Mapped pages (their addresses), so a double map, an unmap of an unmapped page and a
-    /// block handed out over unmapped memory are caught.
-    /// Each mapped page's physical page, named by the address it was first mapped at (a page
-    /// mapped again by `map_alias` names another page's).
+    /// block handed out over unmapped memory are caught; each with its physical page, named by
+    /// the address it was first mapped at (a page mapped again by `map_alias` names another's).
     mapped_pages: std::collections::BTreeMap<DevicePtr, DevicePtr>,
     /// Mappings of each physical page: its memory goes back when the last one is unmapped.
     phys_refs: HashMap<DevicePtr, u32>,

@@ -205,6 +205,8 @@ pub struct Engine {
     max_idle: u64,
     /// The bound on idle memory the cache and the slabs apply on frees between samples.
     on_free_idle: u64,
+    /// The device has fewer than [`TINY_DEVICE_PAGES`] pages.
+    tiny_device: bool,
     next_tick: u64,
     next_sample: u64,
     last_free: u64,
@@ -241,13 +243,15 @@ impl Engine {
     /// `model` says, over the strategies `kinds` (in the allocator's order).
     pub fn new(policy: Policy, kinds: Vec<StrategyKind>, total: u64, model: Granularity) -> Self {
         let b = &policy.bounds;
+        let max_idle = b.max_idle.resolve(total);
         Engine {
             headroom: b.headroom.resolve(total),
             low_watermark: b.low_watermark.resolve(total),
             tight_below: b.tight_below.resolve(total),
             pressure_max_idle: b.pressure_max_idle.resolve(total),
-            max_idle: b.max_idle.resolve(total),
-            on_free_idle: b.max_idle.resolve(total),
+            max_idle,
+            on_free_idle: max_idle,
+            tiny_device: total < TINY_DEVICE_PAGES * model.large_granule,
             next_tick: policy.routing.interval_ops,
             next_sample: 0,
             last_free: total,
@@ -465,7 +469,7 @@ impl Engine {
         // On a device of few pages, tight mode does not wait for the slabs to strand: what frees
         // strand comes a page at a time, and one page is then a large share of what the device
         // can spare (see TINY_DEVICE_PAGES).
-        let tiny = info.total < TINY_DEVICE_PAGES * dev.granularity();
+        let tiny = self.tiny_device;
         let tight = if self.tight {
             (info.free as f64) < self.tight_below as f64 * 1.5 && (tiny || budget.is_none_or(|b| stranded > b / 4))
         } else {

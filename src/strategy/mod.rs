@@ -123,6 +123,8 @@ impl Strategy {
         match self {
             Strategy::Passthrough(s) => s.deallocate(dev, ptr, block_bytes),
             Strategy::Caching(s) => s.deallocate(dev, ptr, block_bytes, meta, stream, now),
+            // Spliced blocks (rare, cold) are told apart here, so the suballocator's own free
+            // path stays as it was.
             Strategy::Suballoc(s) if matches!(meta, BlockMeta::Spliced { .. }) => {
                 s.free_spliced(dev, meta, stream, now)
             }

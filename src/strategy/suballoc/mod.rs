@@ -238,14 +238,12 @@ impl Suballoc {
         {
             return Ok(None);
         }
-        let (idx, mut hit) = match found {
-            Some(idx) => (idx, true),
-            None => (self.new_slab(dev, bytes, pool)?, false),
-        };
-        let pad = if found.is_none() {
-            self.own_slab_pad(idx, bytes)
-        } else {
-            pad
+        let (idx, mut hit, pad) = match found {
+            Some(idx) => (idx, true, pad),
+            None => {
+                let idx = self.new_slab(dev, bytes, pool)?;
+                (idx, false, self.own_slab_pad(idx, bytes))
+            }
         };
         if self.map_for(dev, idx, pad, bytes)? {
             hit = false;
@@ -337,7 +335,7 @@ impl Suballoc {
     #[cold]
     pub fn allocate_existing(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId, strict: bool) -> Option<Grant> {
         let footprint = self.footprint(dev, bytes);
-        let usable = |list: u16| list != USED && self.list_stream[list as usize].is_none_or(|s| s == stream);
+
         // Memory a placement at the hole's start would newly pin; None when its pages are not
         // mapped, or (strict) when it pins more than a driver allocation would consume.
         let cost = |i: u32, n: &Node| {
@@ -355,7 +353,7 @@ impl Suballoc {
             let mut i = slab_head;
             while i != NIL {
                 let n = self.nodes[i];
-                if usable(n.list)
+                if self.free_for(&n, stream)
                     && n.size >= bytes
                     && let Some((pinned, pad)) = cost(i, &n)
                     && best.is_none_or(|(c, _, _)| (pinned, n.size) < c)
@@ -373,6 +371,13 @@ impl Suballoc {
             hit: true,
             meta: BlockMeta::Sub { node: idx },
         })
+    }
+
+    /// Node `n` is free space that `stream` may use: free, and not held for another stream
+    /// until it is synchronized.
+    #[inline]
+    fn free_for(&self, n: &Node, stream: StreamId) -> bool {
+        n.list != USED && self.list_stream[n.list as usize].is_none_or(|s| s == stream)
     }
 
     /// The head node of every slab in use.

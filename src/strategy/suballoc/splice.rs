@@ -13,14 +13,14 @@
 use crate::device::{Device, DevicePtr};
 use crate::strategy::{BlockMeta, Grant, StreamId};
 
-use super::{NIL, Suballoc, USED};
+use super::{NIL, Suballoc};
 
 /// A block spliced from page ends and fresh pages.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Splice {
-    /// The block's own address range (a reservation) and its length.
+    /// The block's own address range (a reservation): the front page, the fresh pages, the
+    /// back page, each where present.
     base: DevicePtr,
-    span: u64,
     /// The slab node holding the block's bytes on the held page mapped again at `base`.
     front: Option<u32>,
     /// Bytes of fresh pages mapped after the front page.
@@ -68,9 +68,8 @@ impl Suballoc {
         let (tail, head) = (tail.filter(|_| plan.front > 0), head.filter(|_| plan.back > 0));
         let vmm = dev.vmm().expect("checked above");
         let fresh = plan.fresh_pages * page;
-        let front_len = if tail.is_some() { page } else { 0 };
-        let span = front_len + fresh + if head.is_some() { page } else { 0 };
-        let base = vmm.reserve(span).ok()?;
+        let held_pages = u64::from(tail.is_some()) + u64::from(head.is_some());
+        let base = vmm.reserve(held_pages * page + fresh).ok()?;
         if let Err(e) = self.map_splice(dev, base, tail, fresh, head, page) {
             tracing::debug!(bytes, error = %e, "splice refused by the device");
             let _ = vmm.unreserve(base);
@@ -79,8 +78,8 @@ impl Suballoc {
         let front = tail.map(|t| self.take_end(dev, t.node, t.page + page - plan.front, plan.front));
         let back = head.map(|h| self.take_end(dev, h.node, h.page, plan.back));
         let body = bytes - plan.front - plan.back;
-        let parts = self.footprint(dev, plan.front) * u64::from(plan.front > 0)
-            + self.footprint(dev, plan.back) * u64::from(plan.back > 0);
+        // The parts on held pages count at their own footprint (0 for an absent part).
+        let parts = self.footprint(dev, plan.front) + self.footprint(dev, plan.back);
         let consumed = footprint.saturating_sub(parts);
         self.reserved += fresh;
         self.used += body;
@@ -94,7 +93,6 @@ impl Suballoc {
         };
         let splice = self.splices.insert(Splice {
             base,
-            span,
             front,
             fresh,
             back,
@@ -143,7 +141,6 @@ impl Suballoc {
             unmap(vmm.unmap_alias(s.base + front_len + s.fresh, page), "back page");
         }
         unmap(vmm.unreserve(s.base), "range");
-        debug_assert!(s.span == front_len + s.fresh + if s.back.is_some() { page } else { 0 });
         self.reserved -= s.fresh;
         self.used -= s.body;
         self.pinned -= s.fresh;
@@ -158,7 +155,7 @@ impl Suballoc {
     fn largest_free_ends(&self, page: u64, stream: StreamId) -> (Option<End>, Option<End>) {
         let (mut tail, mut head): (Option<End>, Option<End>) = (None, None);
         for (i, n) in self.nodes.iter_all().enumerate() {
-            if n.slab == NIL || n.list == USED || self.list_stream[n.list as usize].is_some_and(|s| s != stream) {
+            if n.slab == NIL || !self.free_for(n, stream) {
                 continue;
             }
             let Some(Some(pm)) = self.pages.get(n.slab as usize) else {
