@@ -47,9 +47,6 @@ pub mod cudarc_ext;
 pub mod device;
 pub mod error;
 pub(crate) mod hash;
-// Peer allocators for comparison (their APIs are `unsafe fn`).
-#[cfg(feature = "peers")]
-#[allow(unsafe_code)]
 pub mod peers;
 pub mod policy;
 pub(crate) mod ptrtable;

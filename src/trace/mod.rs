@@ -5,7 +5,8 @@
 //! after), the requested bytes (a free repeats its alloc's size), an integer stream id.
 
 mod csv;
-mod pytorch;
+mod pickle;
+pub(crate) mod pytorch;
 mod replay;
 mod rmm;
 

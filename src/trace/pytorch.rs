@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use serde_pickle::{DeOptions, HashableValue, Value};
+use serde_pickle::{HashableValue, Value};
 
 use super::{Event, Op, Trace};
 use crate::error::TraceError;
@@ -20,16 +20,34 @@ fn key(name: &str) -> HashableValue {
     HashableValue::String(name.to_string())
 }
 
-fn field<'a>(entry: &'a std::collections::BTreeMap<HashableValue, Value>, name: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(entry: &'a std::collections::BTreeMap<HashableValue, Value>, name: &str) -> Option<&'a Value> {
     entry.get(&key(name))
 }
 
-fn as_u64(v: &Value) -> Option<u64> {
+pub(crate) fn as_u64(v: &Value) -> Option<u64> {
     match v {
         Value::I64(i) => u64::try_from(*i).ok(),
         Value::Int(i) => u64::try_from(i).ok(),
         Value::F64(f) if *f >= 0.0 => Some(*f as u64),
         _ => None,
+    }
+}
+
+/// The top-level dict of a snapshot pickle; `file` names it in errors.
+pub(crate) fn read_pickle_dict(
+    bytes: &[u8],
+    file: &str,
+) -> Result<std::collections::BTreeMap<HashableValue, Value>, TraceError> {
+    let bad = |message: String| TraceError::Format {
+        file: file.to_string(),
+        message,
+    };
+    let root = super::pickle::read(bytes).map_err(|e| bad(format!("not a readable pickle: {e}")))?;
+    match root {
+        Value::Dict(root) => Ok(root),
+        _ => Err(bad(
+            "the pickle is not a dict; expected a PyTorch memory snapshot with `device_traces`".into(),
+        )),
     }
 }
 
@@ -39,19 +57,7 @@ pub fn parse_snapshot(bytes: &[u8], file: &str) -> Result<Trace, TraceError> {
         file: file.to_string(),
         message,
     };
-    let root = serde_pickle::value_from_slice(
-        bytes,
-        DeOptions::new()
-            .replace_unresolved_globals()
-            .replace_recursive_structures()
-            .decode_strings(),
-    )
-    .map_err(|e| bad(format!("not a readable pickle: {e}")))?;
-    let Value::Dict(root) = root else {
-        return Err(bad(
-            "the pickle is not a dict; expected a PyTorch memory snapshot with `device_traces`".into(),
-        ));
-    };
+    let root = read_pickle_dict(bytes, file)?;
     let Some(Value::List(devices)) = root.get(&key("device_traces")) else {
         return Err(bad(
             "no `device_traces` list: not a PyTorch memory snapshot (record with torch.cuda.memory._record_memory_history)"

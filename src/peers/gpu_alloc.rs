@@ -1,4 +1,4 @@
-//! Peer allocators over adaptalloc's [`Device`], so that `compare`, `sweep` and the benches
+//! gpu-alloc as a peer over adaptalloc's [`Device`], so that `compare`, `sweep` and the benches
 //! measure them beside ours on the same traces, capacities and cost model (`peers` feature).
 //!
 //! - gpu-alloc 0.6 (the allocator of wgpu's Vulkan and Metal back ends, and of rafx): buddy and
