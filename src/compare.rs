@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::allocator::{Allocator, AllocatorConfig, StrategyConfig};
 use crate::device::{CostModel, Device, Granularity, SimDevice, TenantAction};
+use crate::peers::{PytorchConf, PytorchPeer};
 use crate::policy::Policy;
 use crate::size::{ByteSize, GIB, round_up};
 use crate::strategy::{CachingConfig, StrategyKind};
@@ -37,9 +38,10 @@ impl Capacity {
     }
 }
 
-/// A named allocator set-up that `compare` can run.
+/// A named allocator set-up that `compare` can run: ours, or a model of an allocator users
+/// run today ([`crate::peers`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Contender {
     /// Every request to the driver.
     Passthrough,
@@ -49,13 +51,25 @@ pub enum Contender {
     Suballoc,
     /// The policy engine with the built-in default policy (zero configuration).
     Adaptive,
-    /// gpu-alloc 0.6, a peer ([`crate::peers`]; `peers` feature).
+    /// PyTorch's native caching allocator, with [`CompareOptions::pytorch_conf`].
+    Pytorch,
+    /// The same with `expandable_segments:True`.
+    PytorchExpandable,
+    /// CUDA's stream-ordered pool, release threshold 0.
+    CudaAsync,
+    /// CUDA's stream-ordered pool, release threshold at its maximum.
+    CudaAsyncRetain,
+    /// RAPIDS RMM's `pool_memory_resource`.
+    RmmPool,
+    /// IREE's caching allocator.
+    IreeCaching,
+    /// gpu-alloc 0.6 (wgpu's Vulkan allocator; `peers` feature).
     #[cfg(feature = "peers")]
-    #[serde(rename = "gpu-alloc")]
     GpuAlloc,
 }
 
 impl Contender {
+    /// Ours.
     pub const ALL: [Contender; 4] = [
         Contender::Passthrough,
         Contender::Caching,
@@ -64,16 +78,25 @@ impl Contender {
     ];
     /// The single fixed strategies (no engine).
     pub const FIXED: [Contender; 3] = [Contender::Passthrough, Contender::Caching, Contender::Suballoc];
+    /// The allocators users run today.
+    pub const USED: [Contender; 6] = [
+        Contender::Pytorch,
+        Contender::PytorchExpandable,
+        Contender::CudaAsync,
+        Contender::CudaAsyncRetain,
+        Contender::RmmPool,
+        Contender::IreeCaching,
+    ];
 
-    /// Peer allocators compiled in (the `peers` feature).
+    /// Peer allocators compiled in only with the `peers` feature.
     #[cfg(feature = "peers")]
     pub const PEERS: [Contender; 1] = [Contender::GpuAlloc];
     #[cfg(not(feature = "peers"))]
     pub const PEERS: [Contender; 0] = [];
 
-    /// Ours, then the peers compiled in.
+    /// Ours, then the allocators users run, then the feature-gated peers.
     pub fn all() -> Vec<Contender> {
-        Self::ALL.into_iter().chain(Self::PEERS).collect()
+        Self::ALL.into_iter().chain(Self::USED).chain(Self::PEERS).collect()
     }
 
     pub fn name(self) -> &'static str {
@@ -82,6 +105,12 @@ impl Contender {
             Contender::Caching => "caching",
             Contender::Suballoc => "suballoc",
             Contender::Adaptive => "adaptive",
+            Contender::Pytorch => "pytorch",
+            Contender::PytorchExpandable => "pytorch-expandable",
+            Contender::CudaAsync => "cuda-async",
+            Contender::CudaAsyncRetain => "cuda-async-retain",
+            Contender::RmmPool => "rmm-pool",
+            Contender::IreeCaching => "iree-caching",
             #[cfg(feature = "peers")]
             Contender::GpuAlloc => "gpu-alloc",
         }
@@ -96,14 +125,31 @@ impl Contender {
         Self::all().iter().map(|c| c.name()).collect::<Vec<_>>().join(", ")
     }
 
-    /// What a replay drives: [`build`](Contender::build)'s allocator, or the peer.
-    pub fn target(self, dev: Arc<dyn Device>) -> Box<dyn ReplayTarget> {
-        match self.build(dev.clone()) {
-            Some(alloc) => Box::new(alloc),
+    /// What a replay drives: [`build`](Contender::build)'s allocator, or the peer model
+    /// (`pytorch` with `conf`; `pytorch-expandable` with `conf` and expandable segments).
+    pub fn target(self, dev: Arc<dyn Device>, conf: &PytorchConf) -> Box<dyn ReplayTarget> {
+        use crate::peers::pools::{CudaAsyncPool, IreeCaching, PoolPeer, RmmPool};
+        if let Some(alloc) = self.build(dev.clone()) {
+            return Box::new(alloc);
+        }
+        match self {
+            Contender::Pytorch => Box::new(PytorchPeer::new(dev, conf.clone())),
+            Contender::PytorchExpandable => Box::new(PytorchPeer::new(
+                dev,
+                PytorchConf {
+                    expandable_segments: true,
+                    ..conf.clone()
+                },
+            )),
+            Contender::CudaAsync => Box::new(PoolPeer::new(dev, CudaAsyncPool::new(0))),
+            Contender::CudaAsyncRetain => Box::new(PoolPeer::new(dev, CudaAsyncPool::new(u64::MAX))),
+            Contender::RmmPool => Box::new(PoolPeer::new(dev, RmmPool::default())),
+            Contender::IreeCaching => Box::new(PoolPeer::new(dev, IreeCaching::default())),
             #[cfg(feature = "peers")]
-            None => Box::new(crate::peers::GpuAllocPeer::new(dev)),
-            #[cfg(not(feature = "peers"))]
-            None => unreachable!("without the peers feature every contender is an adaptalloc allocator"),
+            Contender::GpuAlloc => Box::new(crate::peers::GpuAllocPeer::new(dev)),
+            Contender::Passthrough | Contender::Caching | Contender::Suballoc | Contender::Adaptive => {
+                unreachable!("built above")
+            }
         }
     }
 
@@ -126,8 +172,7 @@ impl Contender {
                 AllocatorConfig::new(StrategyConfig::default_for(StrategyKind::Suballoc)),
             ),
             Contender::Adaptive => Allocator::with_policy(dev, Policy::default()),
-            #[cfg(feature = "peers")]
-            Contender::GpuAlloc => return None,
+            _ => return None,
         })
     }
 }
@@ -247,6 +292,10 @@ pub struct CompareOptions {
     pub cost_model: CostModel,
     /// A co-tenant taking memory mid-run.
     pub tenant: Option<TenantSpec>,
+    /// The `pytorch` peer's `PYTORCH_CUDA_ALLOC_CONF` (PyTorch's defaults when empty).
+    pub pytorch_conf: PytorchConf,
+    /// A synchronization point every this many events (besides the end of each pass).
+    pub sync_every: Option<u64>,
 }
 
 impl Default for CompareOptions {
@@ -257,6 +306,8 @@ impl Default for CompareOptions {
             repeat: 1,
             cost_model: CostModel::default(),
             tenant: None,
+            pytorch_conf: PytorchConf::default(),
+            sync_every: None,
         }
     }
 }
@@ -277,7 +328,7 @@ fn setup(
             .tenants(script)
             .build(),
     );
-    let alloc = contender.target(dev.clone() as Arc<dyn Device>);
+    let alloc = contender.target(dev.clone() as Arc<dyn Device>, &opts.pytorch_conf);
     (dev, alloc)
 }
 
@@ -285,9 +336,15 @@ fn setup(
 pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions) -> StrategyResult {
     let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
     let (dev, alloc) = setup(contender, capacity, opts, events);
-    let m = replay_with(trace, &*alloc, ReplayOptions { repeat: opts.repeat }, |i| {
-        dev.advance_clock(i)
-    });
+    let m = replay_with(
+        trace,
+        &*alloc,
+        ReplayOptions {
+            repeat: opts.repeat,
+            sync_every: opts.sync_every,
+        },
+        |i| dev.advance_clock(i),
+    );
     StrategyResult {
         strategy: contender.name().into(),
         completed: m.completed(),
@@ -383,7 +440,7 @@ impl std::fmt::Display for Comparison {
             )?;
             writeln!(
                 f,
-                "  {:<12} {:>6} {:>10} {:>9} {:>12} {:>11} {:>14}",
+                "  {:<18} {:>6} {:>10} {:>9} {:>12} {:>11} {:>14}",
                 "strategy", "failed", "drv calls", "vs pass", "driver time", "reserved", "reserved/live"
             )?;
             let base = t.results.iter().find(|r| r.strategy == "passthrough");
@@ -399,7 +456,7 @@ impl std::fmt::Display for Comparison {
                     .unwrap_or_else(|| "-".into());
                 writeln!(
                     f,
-                    "  {:<12} {:>6} {:>10} {:>9} {:>10.1}ms {:>11} {:>14.3}",
+                    "  {:<18} {:>6} {:>10} {:>9} {:>10.1}ms {:>11} {:>14.3}",
                     r.strategy,
                     r.failed_allocs,
                     calls,
@@ -436,18 +493,26 @@ pub fn timeline(
     let every = (events / points.max(1)).max(1);
     let (dev, alloc) = setup(contender, capacity, opts, events);
     let mut out = Vec::with_capacity(points as usize + 1);
-    replay_with(trace, &*alloc, ReplayOptions { repeat: opts.repeat }, |i| {
-        dev.advance_clock(i);
-        if i % every == 0 {
-            let s = alloc.counters();
-            out.push(MemoryPoint {
-                event: i,
-                live_bytes: s.live_bytes,
-                reserved_bytes: s.reserved_bytes,
-                idle_bytes: s.idle_bytes,
-            });
-        }
-    });
+    replay_with(
+        trace,
+        &*alloc,
+        ReplayOptions {
+            repeat: opts.repeat,
+            sync_every: opts.sync_every,
+        },
+        |i| {
+            dev.advance_clock(i);
+            if i % every == 0 {
+                let s = alloc.counters();
+                out.push(MemoryPoint {
+                    event: i,
+                    live_bytes: s.live_bytes,
+                    reserved_bytes: s.reserved_bytes,
+                    idle_bytes: s.idle_bytes,
+                });
+            }
+        },
+    );
     out
 }
 

@@ -96,7 +96,21 @@ fn compare_json_has_the_documented_shape() {
         .iter()
         .map(|r| r["strategy"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["passthrough", "caching", "suballoc", "adaptive"]);
+    assert_eq!(
+        names,
+        [
+            "passthrough",
+            "caching",
+            "suballoc",
+            "adaptive",
+            "pytorch",
+            "pytorch-expandable",
+            "cuda-async",
+            "cuda-async-retain",
+            "rmm-pool",
+            "iree-caching"
+        ]
+    );
 
     let fixed: Value = serde_json::from_str(&ok(&[
         "compare",
@@ -366,4 +380,47 @@ fn window_replays_part_of_each_trace() {
         text.contains("| failed / recovered OOM / pressure events | 0 / "),
         "{text}"
     );
+}
+
+#[test]
+fn every_peer_runs_in_compare_sweep_and_replay_and_a_bad_pytorch_conf_names_its_key() {
+    let dir = std::env::temp_dir().join(format!("adaptalloc-peers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.csv");
+    ok(&["synth", "small-churn", "--out", trace.to_str().unwrap()]);
+    let t = trace.to_str().unwrap();
+    let peers = "pytorch,pytorch-expandable,cuda-async,cuda-async-retain,rmm-pool,iree-caching";
+    let out = ok(&[
+        "compare",
+        t,
+        "--capacity-factor",
+        "2",
+        "--strategies",
+        peers,
+        "--pytorch-conf",
+        "max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8",
+        "--sync-every",
+        "1000",
+    ]);
+    for p in peers.split(',') {
+        assert!(out.contains(p), "{p} in {out}");
+    }
+    let sweep = ok(&["sweep", t, "--strategies", "pytorch,rmm-pool"]);
+    assert!(sweep.contains("pytorch") && sweep.contains("rmm-pool"), "{sweep}");
+    for p in peers.split(',') {
+        let r = ok(&["replay", t, "--strategy", p, "--capacity-factor", "2"]);
+        assert!(r.contains("0 failed allocations"), "{p}: {r}");
+    }
+    let err = fails(&["compare", t, "--pytorch-conf", "max_spilt_size_mb:128"]);
+    assert!(
+        err.contains("max_spilt_size_mb") && err.contains("unknown key"),
+        "{err}"
+    );
+    let err = fails(&["compare", t, "--pytorch-conf", "max_split_size_mb:10"]);
+    assert!(
+        err.contains("max_split_size_mb") && err.contains("more than 20"),
+        "{err}"
+    );
+    fails(&["compare", t, "--sync-every", "0"]);
+    std::fs::remove_dir_all(&dir).ok();
 }

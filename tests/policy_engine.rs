@@ -139,7 +139,15 @@ fn the_report_compares_with_passthrough_and_recommends_a_loadable_policy() {
     let trace = spec.generate(spec.seed);
     let dev = Arc::new(SimDevice::new(80 << 30));
     let alloc = Allocator::adaptive(dev.clone() as Arc<dyn Device>);
-    let m = replay_with(&trace, &alloc, ReplayOptions { repeat: 2 }, |_| {});
+    let m = replay_with(
+        &trace,
+        &alloc,
+        ReplayOptions {
+            repeat: 2,
+            ..Default::default()
+        },
+        |_| {},
+    );
     let r = alloc.report().unwrap();
     assert_eq!(r.requests, 2 * trace.allocs() as u64);
     assert_eq!(

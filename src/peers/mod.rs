@@ -7,6 +7,10 @@
 //! |---|---|---|
 //! | `pytorch` | PyTorch's native `CUDACachingAllocator`, with a `PYTORCH_CUDA_ALLOC_CONF` | [`pytorch`] |
 //! | `pytorch-expandable` | the same with `expandable_segments:True` | [`pytorch`] |
+//! | `cuda-async` | CUDA's stream-ordered pool (`cudaMallocAsync`), release threshold 0 | [`pools`] |
+//! | `cuda-async-retain` | the same, release threshold at its maximum | [`pools`] |
+//! | `rmm-pool` | RAPIDS RMM's `pool_memory_resource` | [`pools`] |
+//! | `iree-caching` | IREE's caching allocator (`--device_allocator=caching`) | [`pools`] |
 //! | `gpu-alloc` | gpu-alloc 0.6 (wgpu's Vulkan allocator), `peers` feature | `gpu_alloc` |
 //!
 //! Each module says what it models exactly and what it approximates.
@@ -14,6 +18,7 @@
 #[cfg(feature = "peers")]
 #[allow(unsafe_code)]
 mod gpu_alloc;
+pub mod pools;
 pub mod pytorch;
 
 #[cfg(feature = "peers")]

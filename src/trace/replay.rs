@@ -24,6 +24,9 @@ pub trait ReplayTarget {
     fn reset_peaks(&self);
     /// The device it allocates from.
     fn device(&self) -> &Arc<dyn Device>;
+    /// A synchronization point (the end of a pass, or every `sync_every` events): a
+    /// stream-ordered pool gives back what it holds beyond its release threshold.
+    fn synchronize(&self) {}
 }
 
 /// What every replay target reports.
@@ -108,11 +111,16 @@ pub struct ReplayOptions {
     /// Replays the trace this many times back to back (blocks still live at the end of a pass
     /// are freed between passes), to model several training steps.
     pub repeat: u32,
+    /// Synchronizes every this many events (besides the end of each pass); None: never.
+    pub sync_every: Option<u64>,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { repeat: 1 }
+        ReplayOptions {
+            repeat: 1,
+            sync_every: None,
+        }
     }
 }
 
@@ -141,6 +149,9 @@ pub fn replay_with<T: ReplayTarget + ?Sized>(
         for e in &trace.events {
             before_event(m.events);
             m.events += 1;
+            if opts.sync_every.is_some_and(|n| n > 0 && m.events % n == 0) {
+                alloc.synchronize();
+            }
             match e.op {
                 Op::Alloc => match alloc.allocate(e.size, e.stream) {
                     Some(ptr) => {
@@ -163,6 +174,7 @@ pub fn replay_with<T: ReplayTarget + ?Sized>(
         for (ptr, stream, _) in rest {
             alloc.deallocate(ptr, stream);
         }
+        alloc.synchronize();
     }
     m.wall_ns = start.elapsed().as_nanos() as u64;
     let after = alloc.counters();

@@ -45,6 +45,14 @@ pub struct ReplayArgs {
     /// the frees of blocks allocated before (what a recording of that part would hold).
     #[arg(long)]
     pub window: Option<Window>,
+    /// The `pytorch` and `pytorch-expandable` peers' PYTORCH_CUDA_ALLOC_CONF, e.g.
+    /// "max_split_size_mb:128,roundup_power2_divisions:4" (PyTorch's defaults when absent).
+    #[arg(long, default_value = "")]
+    pub pytorch_conf: adaptalloc::peers::PytorchConf,
+    /// A synchronization point every N events, besides the end of each pass (where
+    /// `cuda-async` gives its unused memory back).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub sync_every: Option<u64>,
 }
 
 /// Traces from files (CSV, RMM log or PyTorch snapshot, told apart by content), or the bundled

@@ -11,7 +11,7 @@ use crate::common::{CapacityArgs, ReplayArgs, contenders, emit, load_traces};
 pub struct Args {
     /// Traces (CSV, RMM log or PyTorch snapshot); with none, the bundled synthetic workloads.
     traces: Vec<PathBuf>,
-    /// Comma-separated strategies: passthrough, caching, suballoc, adaptive, and gpu-alloc when built with the `peers` feature. Default: all.
+    /// Comma-separated strategies: passthrough, caching, suballoc, adaptive; the allocators users run: pytorch, pytorch-expandable, cuda-async, cuda-async-retain, rmm-pool, iree-caching; gpu-alloc with the `peers` feature. Default: all.
     #[arg(long, value_delimiter = ',')]
     strategies: Vec<String>,
     #[command(flatten)]
@@ -41,6 +41,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         capacity: args.capacity.capacity()?,
         repeat: args.run.repeat.max(1),
         tenant: args.run.tenant,
+        pytorch_conf: args.run.pytorch_conf.clone(),
+        sync_every: args.run.sync_every,
         ..Default::default()
     };
     let traces = load_traces(&args.traces, args.lenient, args.run.window)?;

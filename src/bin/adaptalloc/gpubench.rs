@@ -184,7 +184,15 @@ fn results_row(trace: &Trace, name: &str, target: &dyn ReplayTarget, repeat: u32
         inner: target,
         ns: RefCell::new(Vec::with_capacity(trace.events.len())),
     };
-    let m = replay_with(trace, &timed, ReplayOptions { repeat }, |_| {});
+    let m = replay_with(
+        trace,
+        &timed,
+        ReplayOptions {
+            repeat,
+            ..Default::default()
+        },
+        |_| {},
+    );
     let mut ns = timed.ns.into_inner();
     ns.sort_unstable();
     let q = |f: f64| quantile(&ns, f);
@@ -241,7 +249,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             continue;
         }
         for c in Contender::all() {
-            let target = c.target(cuda.clone() as Arc<dyn Device>);
+            let target = c.target(cuda.clone() as Arc<dyn Device>, &Default::default());
             md += &results_row(trace, c.name(), &*target, args.repeat);
         }
         let pool = CudaPool::new(cuda.clone())?;

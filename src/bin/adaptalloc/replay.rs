@@ -19,7 +19,8 @@ pub struct Args {
     /// A policy file, or a preset name (default, training, inference-edge, multi-tenant, ...).
     #[arg(long, conflicts_with = "strategy")]
     policy: Option<String>,
-    /// A fixed strategy instead: passthrough, caching, suballoc or adaptive.
+    /// A fixed strategy or a peer instead: passthrough, caching, suballoc, adaptive, pytorch,
+    /// pytorch-expandable, cuda-async, cuda-async-retain, rmm-pool, iree-caching.
     #[arg(long)]
     strategy: Option<String>,
     #[command(flatten)]
@@ -54,7 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .with_context(|| format!("unknown strategy {name:?}; known: {}", Contender::known()))?;
             match c.build(device.clone()) {
                 Some(a) => (Box::new(a.clone()), Some(a)),
-                None => (c.target(device), None),
+                None => (c.target(device, &args.run.pytorch_conf), None),
             }
         }
         (Some(p), None) => {
@@ -67,7 +68,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let m = crate::progress::with_spinner("replaying", || {
-        replay_with(&trace, &*target, ReplayOptions { repeat }, |i| dev.advance_clock(i))
+        replay_with(
+            &trace,
+            &*target,
+            ReplayOptions {
+                repeat,
+                sync_every: args.run.sync_every,
+            },
+            |i| dev.advance_clock(i),
+        )
     });
     let mut text = format!(
         "{}: {} events on {}: {} failed allocations, {} driver allocations + {} frees, modelled driver time {:.1} ms, \

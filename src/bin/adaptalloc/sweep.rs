@@ -25,6 +25,9 @@ pub struct Args {
     /// Only part of each trace, e.g. 0.2..0.6 (as in compare).
     #[arg(long)]
     window: Option<adaptalloc::compare::Window>,
+    /// The `pytorch` peers' PYTORCH_CUDA_ALLOC_CONF (as in compare).
+    #[arg(long, default_value = "")]
+    pytorch_conf: adaptalloc::peers::PytorchConf,
 }
 
 #[derive(Serialize)]
@@ -53,7 +56,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let list = contenders(&args.strategies)?;
     let traces = load_traces(&args.traces, args.lenient, args.window)?;
-    let opts = CompareOptions::default();
+    let opts = CompareOptions {
+        pytorch_conf: args.pytorch_conf.clone(),
+        ..Default::default()
+    };
     let sweep = crate::progress::with_spinner("searching capacities", || Sweep {
         traces: traces
             .iter()
@@ -87,12 +93,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for m in &t.min_capacity {
             text += &match (m.bytes, m.factor) {
                 (Some(b), Some(f)) => format!(
-                    "  {:<12} {:>12}  {:.3}x peak live\n",
+                    "  {:<18} {:>12}  {:.3}x peak live\n",
                     m.strategy,
                     ByteSize(b).to_string(),
                     f
                 ),
-                _ => format!("  {:<12} {:>12}\n", m.strategy, "never (64x)"),
+                _ => format!("  {:<18} {:>12}\n", m.strategy, "never (64x)"),
             };
         }
     }
