@@ -26,6 +26,9 @@ const SHOWN: [Contender; 8] = [
     Contender::Passthrough,
 ];
 
+/// A device size for a trace.
+type CapacityOf<'a> = Box<dyn Fn(&Trace) -> u64 + 'a>;
+
 fn traces() -> Vec<Trace> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
     let mut out: Vec<Trace> = csv_files(&dir)
@@ -62,7 +65,7 @@ fn main() {
          (tests/pytorch_snapshots.rs).\n",
         traces.len()
     );
-    let caps: [(&str, Box<dyn Fn(&Trace) -> u64>); 5] = [
+    let caps: [(&str, CapacityOf<'_>); 5] = [
         (
             "passthrough's minimum",
             Box::new(|t: &Trace| passthrough_min_capacity(t, g)),

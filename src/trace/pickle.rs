@@ -249,6 +249,9 @@ fn convert(a: &Arena, v: V, depth: usize) -> Result<Value, String> {
 }
 
 fn hashable(a: &Arena, v: V, depth: usize) -> Result<HashableValue, String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("a dict key nested deeper than {MAX_DEPTH} levels"));
+    }
     Ok(match v {
         V::None | V::Mark => HashableValue::None,
         V::Bool(b) => HashableValue::Bool(b),
