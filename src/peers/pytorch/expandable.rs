@@ -107,13 +107,7 @@ impl Model {
             m.mapped = true;
         }
         self.add_reserved(bytes);
-        let mut at = addr;
-        if let Some(prev) = self.prev(at) {
-            at = self.try_merge(at, prev);
-        }
-        if let Some(next) = self.next(at) {
-            at = self.try_merge(at, next);
-        }
+        let at = self.merge_neighbours(addr);
         self.insert_free(at);
         Some(at)
     }
@@ -166,13 +160,7 @@ impl Model {
                 ..b
             },
         );
-        let mut at = first;
-        if let Some(prev) = self.prev(at) {
-            at = self.try_merge(at, prev);
-        }
-        if let Some(next) = self.next(at) {
-            at = self.try_merge(at, next);
-        }
+        let at = self.merge_neighbours(first);
         let s = &self.blocks[&at];
         self.unmapped[s.pool].insert((s.stream, at));
         at

@@ -381,6 +381,14 @@ impl Model {
             Some(b) if b.allocated => b.allocated = false,
             _ => return false,
         }
+        let at = self.merge_neighbours(addr);
+        self.insert_free(at);
+        true
+    }
+
+    /// Merges the block at `addr` (in no set) with whichever neighbours `try_merge` accepts;
+    /// returns where the merged block starts.
+    pub(super) fn merge_neighbours(&mut self, addr: u64) -> u64 {
         let mut at = addr;
         if let Some(prev) = self.prev(at) {
             at = self.try_merge(at, prev);
@@ -388,8 +396,7 @@ impl Model {
         if let Some(next) = self.next(at) {
             at = self.try_merge(at, next);
         }
-        self.insert_free(at);
-        true
+        at
     }
 
     /// `try_merge_blocks`: absorbs the free neighbour `src` into `dst` (not in any set);
