@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::allocator::{Allocator, AllocatorConfig, StrategyConfig};
 use crate::device::{CostModel, Device, Granularity, SimDevice, TenantAction};
-use crate::peers::{PytorchConf, PytorchPeer};
+use crate::peers::{PytorchConf, pytorch};
 use crate::policy::Policy;
 use crate::size::{ByteSize, GIB, round_up};
 use crate::strategy::{CachingConfig, StrategyKind};
@@ -128,23 +128,23 @@ impl Contender {
     /// What a replay drives: [`build`](Contender::build)'s allocator, or the peer model
     /// (`pytorch` with `conf`; `pytorch-expandable` with `conf` and expandable segments).
     pub fn target(self, dev: Arc<dyn Device>, conf: &PytorchConf) -> Box<dyn ReplayTarget> {
-        use crate::peers::pools::{CudaAsyncPool, IreeCaching, PoolPeer, RmmPool};
+        use crate::peers::pools::{CudaAsyncPool, IreeCaching, RmmPool, peer};
         if let Some(alloc) = self.build(dev.clone()) {
             return Box::new(alloc);
         }
         match self {
-            Contender::Pytorch => Box::new(PytorchPeer::new(dev, conf.clone())),
-            Contender::PytorchExpandable => Box::new(PytorchPeer::new(
+            Contender::Pytorch => Box::new(pytorch::peer(dev, conf.clone())),
+            Contender::PytorchExpandable => Box::new(pytorch::peer(
                 dev,
                 PytorchConf {
                     expandable_segments: true,
                     ..conf.clone()
                 },
             )),
-            Contender::CudaAsync => Box::new(PoolPeer::new(dev, CudaAsyncPool::new(0))),
-            Contender::CudaAsyncRetain => Box::new(PoolPeer::new(dev, CudaAsyncPool::new(u64::MAX))),
-            Contender::RmmPool => Box::new(PoolPeer::new(dev, RmmPool::default())),
-            Contender::IreeCaching => Box::new(PoolPeer::new(dev, IreeCaching::default())),
+            Contender::CudaAsync => Box::new(peer(dev, CudaAsyncPool::new(0))),
+            Contender::CudaAsyncRetain => Box::new(peer(dev, CudaAsyncPool::new(u64::MAX))),
+            Contender::RmmPool => Box::new(peer(dev, RmmPool::default())),
+            Contender::IreeCaching => Box::new(peer(dev, IreeCaching::default())),
             #[cfg(feature = "peers")]
             Contender::GpuAlloc => Box::new(crate::peers::GpuAllocPeer::new(dev)),
             Contender::Passthrough | Contender::Caching | Contender::Suballoc | Contender::Adaptive => {
@@ -312,6 +312,16 @@ impl Default for CompareOptions {
     }
 }
 
+impl CompareOptions {
+    /// How each trace is replayed: the repeats and synchronization points.
+    pub fn replay_options(&self) -> ReplayOptions {
+        ReplayOptions {
+            repeat: self.repeat,
+            sync_every: self.sync_every,
+        }
+    }
+}
+
 /// A fresh SimDevice of `capacity` bytes (with the co-tenant of `opts` scripted over `events`
 /// events) and a `contender` allocator on it.
 fn setup(
@@ -336,15 +346,7 @@ fn setup(
 pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions) -> StrategyResult {
     let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
     let (dev, alloc) = setup(contender, capacity, opts, events);
-    let m = replay_with(
-        trace,
-        &*alloc,
-        ReplayOptions {
-            repeat: opts.repeat,
-            sync_every: opts.sync_every,
-        },
-        |i| dev.advance_clock(i),
-    );
+    let m = replay_with(trace, &*alloc, opts.replay_options(), |i| dev.advance_clock(i));
     StrategyResult {
         strategy: contender.name().into(),
         completed: m.completed(),
@@ -493,26 +495,18 @@ pub fn timeline(
     let every = (events / points.max(1)).max(1);
     let (dev, alloc) = setup(contender, capacity, opts, events);
     let mut out = Vec::with_capacity(points as usize + 1);
-    replay_with(
-        trace,
-        &*alloc,
-        ReplayOptions {
-            repeat: opts.repeat,
-            sync_every: opts.sync_every,
-        },
-        |i| {
-            dev.advance_clock(i);
-            if i % every == 0 {
-                let s = alloc.counters();
-                out.push(MemoryPoint {
-                    event: i,
-                    live_bytes: s.live_bytes,
-                    reserved_bytes: s.reserved_bytes,
-                    idle_bytes: s.idle_bytes,
-                });
-            }
-        },
-    );
+    replay_with(trace, &*alloc, opts.replay_options(), |i| {
+        dev.advance_clock(i);
+        if i % every == 0 {
+            let s = alloc.counters();
+            out.push(MemoryPoint {
+                event: i,
+                live_bytes: s.live_bytes,
+                reserved_bytes: s.reserved_bytes,
+                idle_bytes: s.idle_bytes,
+            });
+        }
+    });
     out
 }
 

@@ -25,48 +25,89 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
+use super::{PeerCounts, PeerModel, PeerTarget};
 use crate::device::{Device, DevicePtr};
-use crate::hash::FastMap;
 use crate::size::{ALIGNMENT, MIB, align_up};
-use crate::stats::Counter;
 use crate::strategy::StreamId;
-use crate::trace::{ReplayTarget, TargetCounters};
 
-/// Driver traffic and memory held, kept by the [`PoolPeer`] for every model.
-#[derive(Debug, Default)]
+/// The device a pool allocates from, and what it made the driver do: the one place a pool
+/// obtains or returns memory.
+#[derive(Debug)]
 pub struct Held {
-    pub allocs: u64,
-    pub frees: u64,
-    pub reserved: Counter,
+    dev: Arc<dyn Device>,
+    counts: PeerCounts,
 }
 
 impl Held {
-    fn malloc(&mut self, dev: &dyn Device, bytes: u64) -> Option<DevicePtr> {
-        let p = dev.allocate(bytes).ok()?;
-        self.allocs += 1;
-        self.reserved.add(bytes);
+    pub fn new(dev: Arc<dyn Device>) -> Self {
+        Held {
+            dev,
+            counts: PeerCounts::default(),
+        }
+    }
+
+    fn malloc(&mut self, bytes: u64) -> Option<DevicePtr> {
+        let p = self.dev.allocate(bytes).ok()?;
+        self.counts.driver_allocs += 1;
+        self.counts.reserved.add(bytes);
         Some(p)
     }
 
-    fn free(&mut self, dev: &dyn Device, ptr: DevicePtr, bytes: u64) {
-        if let Err(e) = dev.free(ptr) {
+    fn free(&mut self, ptr: DevicePtr, bytes: u64) {
+        if let Err(e) = self.dev.free(ptr) {
             tracing::error!(ptr, error = %e, "pool peer: driver free failed");
         }
-        self.frees += 1;
-        self.reserved.sub(bytes);
+        self.counts.driver_frees += 1;
+        self.counts.reserved.sub(bytes);
     }
 }
 
-/// One pool's rules.
+/// One pool's rules, over the memory it [`Held`].
 pub trait PoolModel: Send {
-    fn alloc(&mut self, h: &mut Held, dev: &dyn Device, bytes: u64) -> Option<DevicePtr>;
+    fn alloc(&mut self, h: &mut Held, bytes: u64) -> Option<DevicePtr>;
     fn free(&mut self, ptr: DevicePtr, bytes: u64);
     /// A synchronization point (stream or device synchronize).
-    fn synchronize(&mut self, _h: &mut Held, _dev: &dyn Device) {}
-    /// Gives everything back (the peer is dropped; every block is free).
-    fn release_all(&mut self, h: &mut Held, dev: &dyn Device);
+    fn synchronize(&mut self, _h: &mut Held) {}
+    /// Gives everything back (every block is free).
+    fn release_all(&mut self, h: &mut Held);
+}
+
+/// A pool and what it holds, as a [`PeerModel`].
+pub struct Pooled<M> {
+    model: M,
+    held: Held,
+}
+
+/// `model` over `dev`, ready to replay.
+pub fn peer<M: PoolModel>(dev: Arc<dyn Device>, model: M) -> PeerTarget<Pooled<M>> {
+    let held = Held::new(dev.clone());
+    PeerTarget::new(dev, Pooled { model, held })
+}
+
+impl<M: PoolModel> PeerModel for Pooled<M> {
+    fn alloc(&mut self, bytes: u64, _stream: StreamId) -> Option<DevicePtr> {
+        self.model.alloc(&mut self.held, bytes)
+    }
+
+    fn free(&mut self, ptr: DevicePtr, bytes: u64) {
+        self.model.free(ptr, bytes);
+    }
+
+    fn synchronize(&mut self) {
+        self.model.synchronize(&mut self.held);
+    }
+
+    fn release_all(&mut self) {
+        self.model.release_all(&mut self.held);
+    }
+
+    fn counts(&self) -> PeerCounts {
+        self.held.counts
+    }
+
+    fn reset_peak(&mut self) {
+        self.held.counts.reserved.reset_peak();
+    }
 }
 
 /// A free list over driver allocations ("chunks"): best fit by (size, address), split at the
@@ -126,19 +167,29 @@ impl FreeList {
         self.insert(addr, size);
     }
 
-    /// Chunks wholly free now.
-    fn free_chunks(&self) -> Vec<(u64, u64)> {
-        self.chunks
+    /// Gives wholly free chunks back to the device, lowest address first, while the pool holds
+    /// more than `keep` bytes.
+    fn release_free_chunks(&mut self, h: &mut Held, keep: u64) {
+        let free: Vec<(u64, u64)> = self
+            .chunks
             .iter()
             .filter(|(b, s)| self.by_addr.get(b) == Some(s))
             .map(|(&b, &s)| (b, s))
-            .collect()
+            .collect();
+        for (base, size) in free {
+            if h.counts.reserved.current <= keep {
+                break;
+            }
+            self.remove(base);
+            self.chunks.remove(&base);
+            h.free(base, size);
+        }
     }
+}
 
-    fn drop_chunk(&mut self, base: u64) {
-        self.remove(base);
-        self.chunks.remove(&base);
-    }
+/// What the free-list pools hand out for a request: whole 256 B units, at least one.
+fn aligned(bytes: u64) -> u64 {
+    align_up(bytes.max(1), ALIGNMENT)
 }
 
 /// `rmm::mr::pool_memory_resource` (see the module docs).
@@ -150,14 +201,14 @@ pub struct RmmPool {
 }
 
 impl PoolModel for RmmPool {
-    fn alloc(&mut self, h: &mut Held, dev: &dyn Device, bytes: u64) -> Option<DevicePtr> {
-        let bytes = align_up(bytes.max(1), ALIGNMENT);
+    fn alloc(&mut self, h: &mut Held, bytes: u64) -> Option<DevicePtr> {
+        let bytes = aligned(bytes);
         if !self.initialized {
             self.initialized = true;
-            let free = dev.mem_info().map(|m| m.free).unwrap_or(0);
+            let free = h.dev.mem_info().map(|m| m.free).unwrap_or(0);
             let initial = align_up(free / 2, ALIGNMENT);
             if initial > 0
-                && let Some(p) = h.malloc(dev, initial)
+                && let Some(p) = h.malloc(initial)
             {
                 self.list.add_chunk(p, initial);
                 self.pool_size = initial;
@@ -168,7 +219,7 @@ impl PoolModel for RmmPool {
         }
         let mut try_size = bytes.max(self.pool_size);
         loop {
-            if let Some(p) = h.malloc(dev, try_size) {
+            if let Some(p) = h.malloc(try_size) {
                 self.list.add_chunk(p, try_size);
                 self.pool_size += try_size;
                 return self.list.take(bytes);
@@ -181,14 +232,11 @@ impl PoolModel for RmmPool {
     }
 
     fn free(&mut self, ptr: DevicePtr, bytes: u64) {
-        self.list.give(ptr, align_up(bytes.max(1), ALIGNMENT));
+        self.list.give(ptr, aligned(bytes));
     }
 
-    fn release_all(&mut self, h: &mut Held, dev: &dyn Device) {
-        for (b, s) in self.list.free_chunks() {
-            self.list.drop_chunk(b);
-            h.free(dev, b, s);
-        }
+    fn release_all(&mut self, h: &mut Held) {
+        self.list.release_free_chunks(h, 0);
     }
 }
 
@@ -213,162 +261,57 @@ impl CudaAsyncPool {
 }
 
 impl PoolModel for CudaAsyncPool {
-    fn alloc(&mut self, h: &mut Held, dev: &dyn Device, bytes: u64) -> Option<DevicePtr> {
-        let bytes = align_up(bytes.max(1), ALIGNMENT);
+    fn alloc(&mut self, h: &mut Held, bytes: u64) -> Option<DevicePtr> {
+        let bytes = aligned(bytes);
         if let Some(p) = self.list.take(bytes) {
             return Some(p);
         }
         let grow = align_up(bytes, Self::GRANULE);
-        let p = h.malloc(dev, grow)?;
+        let p = h.malloc(grow)?;
         self.list.add_chunk(p, grow);
         self.list.take(bytes)
     }
 
     fn free(&mut self, ptr: DevicePtr, bytes: u64) {
-        self.list.give(ptr, align_up(bytes.max(1), ALIGNMENT));
+        self.list.give(ptr, aligned(bytes));
     }
 
-    fn synchronize(&mut self, h: &mut Held, dev: &dyn Device) {
-        for (b, s) in self.list.free_chunks() {
-            if h.reserved.current <= self.threshold {
-                break;
-            }
-            self.list.drop_chunk(b);
-            h.free(dev, b, s);
-        }
+    fn synchronize(&mut self, h: &mut Held) {
+        self.list.release_free_chunks(h, self.threshold);
     }
 
-    fn release_all(&mut self, h: &mut Held, dev: &dyn Device) {
-        let threshold = std::mem::replace(&mut self.threshold, 0);
-        self.synchronize(h, dev);
-        self.threshold = threshold;
+    fn release_all(&mut self, h: &mut Held) {
+        self.list.release_free_chunks(h, 0);
     }
 }
 
-/// IREE's caching allocator (see the module docs).
+/// IREE's caching allocator (see the module docs). A buffer is only ever reused by a request
+/// of exactly its size, so the size a free names is the buffer's.
 #[derive(Debug, Default)]
 pub struct IreeCaching {
     /// Size -> freed buffers, most recent last.
     cache: HashMap<u64, Vec<DevicePtr>>,
-    sizes: FastMap<DevicePtr, u64>,
 }
 
 impl PoolModel for IreeCaching {
-    fn alloc(&mut self, h: &mut Held, dev: &dyn Device, bytes: u64) -> Option<DevicePtr> {
+    fn alloc(&mut self, h: &mut Held, bytes: u64) -> Option<DevicePtr> {
         let bytes = bytes.max(1);
         if let Some(p) = self.cache.get_mut(&bytes).and_then(|v| v.pop()) {
             return Some(p);
         }
-        let p = h.malloc(dev, bytes)?;
-        self.sizes.insert(p, bytes);
-        Some(p)
+        h.malloc(bytes)
     }
 
-    fn free(&mut self, ptr: DevicePtr, _bytes: u64) {
-        let size = self.sizes[&ptr];
-        self.cache.entry(size).or_default().push(ptr);
+    fn free(&mut self, ptr: DevicePtr, bytes: u64) {
+        self.cache.entry(bytes.max(1)).or_default().push(ptr);
     }
 
-    fn release_all(&mut self, h: &mut Held, dev: &dyn Device) {
+    fn release_all(&mut self, h: &mut Held) {
         for (size, ptrs) in self.cache.drain() {
             for p in ptrs {
-                self.sizes.remove(&p);
-                h.free(dev, p, size);
+                h.free(p, size);
             }
         }
-    }
-}
-
-struct Inner<M> {
-    model: M,
-    held: Held,
-    live: FastMap<DevicePtr, u64>,
-    live_bytes: Counter,
-}
-
-/// A [`PoolModel`] as a [`ReplayTarget`].
-pub struct PoolPeer<M: PoolModel> {
-    inner: Mutex<Inner<M>>,
-    dev: Arc<dyn Device>,
-}
-
-impl<M: PoolModel> PoolPeer<M> {
-    pub fn new(dev: Arc<dyn Device>, model: M) -> Self {
-        PoolPeer {
-            inner: Mutex::new(Inner {
-                model,
-                held: Held::default(),
-                live: FastMap::default(),
-                live_bytes: Counter::default(),
-            }),
-            dev,
-        }
-    }
-}
-
-impl<M: PoolModel> ReplayTarget for PoolPeer<M> {
-    fn allocate(&self, bytes: u64, _stream: StreamId) -> Option<DevicePtr> {
-        let mut g = self.inner.lock();
-        let Inner {
-            model,
-            held,
-            live,
-            live_bytes,
-        } = &mut *g;
-        let p = model.alloc(held, &*self.dev, bytes)?;
-        live.insert(p, bytes);
-        live_bytes.add(bytes);
-        Some(p)
-    }
-
-    fn deallocate(&self, ptr: DevicePtr, _stream: StreamId) {
-        let mut g = self.inner.lock();
-        let Some(bytes) = g.live.remove(&ptr) else {
-            tracing::error!(ptr, "pool peer: free of an unknown pointer");
-            return;
-        };
-        g.live_bytes.sub(bytes);
-        g.model.free(ptr, bytes);
-    }
-
-    fn synchronize(&self) {
-        let mut g = self.inner.lock();
-        let Inner { model, held, .. } = &mut *g;
-        model.synchronize(held, &*self.dev);
-    }
-
-    fn counters(&self) -> TargetCounters {
-        let g = self.inner.lock();
-        TargetCounters {
-            driver_allocs: g.held.allocs,
-            driver_frees: g.held.frees,
-            oom_recoveries: 0,
-            live_bytes: g.live_bytes.current,
-            peak_live_bytes: g.live_bytes.peak,
-            reserved_bytes: g.held.reserved.current,
-            peak_reserved_bytes: g.held.reserved.peak,
-            idle_bytes: g.held.reserved.current.saturating_sub(g.live_bytes.current),
-        }
-    }
-
-    fn reset_peaks(&self) {
-        let mut g = self.inner.lock();
-        g.live_bytes.reset_peak();
-        g.held.reserved.reset_peak();
-    }
-
-    fn device(&self) -> &Arc<dyn Device> {
-        &self.dev
-    }
-}
-
-impl<M: PoolModel> Drop for PoolPeer<M> {
-    fn drop(&mut self) {
-        let Inner { model, held, live, .. } = self.inner.get_mut();
-        for (p, b) in live.drain() {
-            model.free(p, b);
-        }
-        model.release_all(held, &*self.dev);
     }
 }
 
@@ -376,6 +319,7 @@ impl<M: PoolModel> Drop for PoolPeer<M> {
 mod tests {
     use super::*;
     use crate::device::SimDevice;
+    use crate::trace::ReplayTarget;
 
     fn dev(cap: u64) -> Arc<SimDevice> {
         Arc::new(SimDevice::new(cap))
@@ -384,7 +328,7 @@ mod tests {
     #[test]
     fn rmm_starts_with_half_the_free_memory_doubles_then_backs_off() {
         let d = dev(1001 * MIB);
-        let p = PoolPeer::new(d.clone(), RmmPool::default());
+        let p = peer(d.clone(), RmmPool::default());
         let initial = 1001 * MIB / 2;
         let a = p.allocate(450 * MIB, 0).unwrap();
         assert_eq!(p.counters().reserved_bytes, initial, "half of the free memory");
@@ -409,7 +353,7 @@ mod tests {
     fn cuda_async_gives_back_at_synchronization_unless_it_retains() {
         for (threshold, kept) in [(0, 0), (u64::MAX, 4 * MIB)] {
             let d = dev(1 << 30);
-            let p = PoolPeer::new(d.clone(), CudaAsyncPool::new(threshold));
+            let p = peer(d.clone(), CudaAsyncPool::new(threshold));
             let a = p.allocate(3 * MIB, 0).unwrap();
             let b = p.allocate(3 * MIB, 0).unwrap();
             assert_eq!(
@@ -431,7 +375,7 @@ mod tests {
     #[test]
     fn iree_reuses_only_exact_sizes_most_recent_first_and_never_releases() {
         let d = dev(8 * MIB);
-        let p = PoolPeer::new(d.clone(), IreeCaching::default());
+        let p = peer(d.clone(), IreeCaching::default());
         let a = p.allocate(MIB, 0).unwrap();
         let b = p.allocate(MIB, 0).unwrap();
         p.deallocate(a, 0);

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde_pickle::{HashableValue, Value};
+use serde_pickle::Value;
 
 /// The deepest nesting read; snapshots nest about 6 deep.
 pub const MAX_DEPTH: usize = 200;
@@ -240,7 +240,9 @@ fn convert(a: &Arena, v: V, depth: usize) -> Result<Value, String> {
         V::Dict(i) => {
             let mut m = BTreeMap::new();
             for &(k, x) in &a.dicts[i] {
-                let key = hashable(a, k, depth + 1)?;
+                let key = convert(a, k, depth + 1)?
+                    .into_hashable()
+                    .map_err(|_| "a list or dict used as a dict key".to_string())?;
                 m.insert(key, convert(a, x, depth + 1)?);
             }
             Value::Dict(m)
@@ -248,30 +250,10 @@ fn convert(a: &Arena, v: V, depth: usize) -> Result<Value, String> {
     })
 }
 
-fn hashable(a: &Arena, v: V, depth: usize) -> Result<HashableValue, String> {
-    if depth > MAX_DEPTH {
-        return Err(format!("a dict key nested deeper than {MAX_DEPTH} levels"));
-    }
-    Ok(match v {
-        V::None | V::Mark => HashableValue::None,
-        V::Bool(b) => HashableValue::Bool(b),
-        V::Int(i) => HashableValue::I64(i),
-        V::Float(f) => HashableValue::F64(f),
-        V::Str(i) => HashableValue::String(a.strings[i].clone()),
-        V::Bytes(i) => HashableValue::Bytes(a.bytes[i].clone()),
-        V::Tuple(i) => HashableValue::Tuple(
-            a.seqs[i]
-                .iter()
-                .map(|&x| hashable(a, x, depth + 1))
-                .collect::<Result<_, _>>()?,
-        ),
-        V::List(_) | V::Dict(_) => return Err("a list or dict used as a dict key".into()),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_pickle::HashableValue;
 
     #[test]
     fn shared_dicts_keep_their_keys_and_deep_nesting_is_an_error() {

@@ -20,8 +20,19 @@ fn key(name: &str) -> HashableValue {
     HashableValue::String(name.to_string())
 }
 
-pub(crate) fn field<'a>(entry: &'a std::collections::BTreeMap<HashableValue, Value>, name: &str) -> Option<&'a Value> {
+/// A pickled dict.
+pub(crate) type Dict = std::collections::BTreeMap<HashableValue, Value>;
+
+pub(crate) fn field<'a>(entry: &'a Dict, name: &str) -> Option<&'a Value> {
     entry.get(&key(name))
+}
+
+/// A string field.
+pub(crate) fn text<'a>(entry: &'a Dict, name: &str) -> Option<&'a str> {
+    match field(entry, name) {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    }
 }
 
 pub(crate) fn as_u64(v: &Value) -> Option<u64> {
@@ -34,10 +45,7 @@ pub(crate) fn as_u64(v: &Value) -> Option<u64> {
 }
 
 /// The top-level dict of a snapshot pickle; `file` names it in errors.
-pub(crate) fn read_pickle_dict(
-    bytes: &[u8],
-    file: &str,
-) -> Result<std::collections::BTreeMap<HashableValue, Value>, TraceError> {
+pub(crate) fn read_pickle_dict(bytes: &[u8], file: &str) -> Result<Dict, TraceError> {
     let bad = |message: String| TraceError::Format {
         file: file.to_string(),
         message,
@@ -51,6 +59,37 @@ pub(crate) fn read_pickle_dict(
     }
 }
 
+/// `device_traces`: each device's entries, as dicts; errors name the one that is not.
+pub(crate) fn device_traces<'a>(root: &'a Dict, file: &str) -> Result<Vec<Vec<&'a Dict>>, TraceError> {
+    let bad = |message: String| TraceError::Format {
+        file: file.to_string(),
+        message,
+    };
+    let Some(Value::List(devices)) = root.get(&key("device_traces")) else {
+        return Err(bad(
+            "no `device_traces` list: not a PyTorch memory snapshot (record with torch.cuda.memory._record_memory_history)"
+                .into(),
+        ));
+    };
+    devices
+        .iter()
+        .enumerate()
+        .map(|(device, entries)| {
+            let Value::List(entries) = entries else {
+                return Err(bad(format!("device_traces[{device}] is not a list")));
+            };
+            entries
+                .iter()
+                .enumerate()
+                .map(|(i, e)| match e {
+                    Value::Dict(d) => Ok(d),
+                    _ => Err(bad(format!("device_traces[{device}][{i}] is not a dict"))),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Parses snapshot pickle bytes; `file` names the source in errors.
 pub fn parse_snapshot(bytes: &[u8], file: &str) -> Result<Trace, TraceError> {
     let bad = |message: String| TraceError::Format {
@@ -58,30 +97,9 @@ pub fn parse_snapshot(bytes: &[u8], file: &str) -> Result<Trace, TraceError> {
         message,
     };
     let root = read_pickle_dict(bytes, file)?;
-    let Some(Value::List(devices)) = root.get(&key("device_traces")) else {
-        return Err(bad(
-            "no `device_traces` list: not a PyTorch memory snapshot (record with torch.cuda.memory._record_memory_history)"
-                .into(),
-        ));
-    };
     let mut events = Vec::new();
-    for (device, entries) in devices.iter().enumerate() {
-        let Value::List(entries) = entries else {
-            return Err(bad(format!("device_traces[{device}] is not a list")));
-        };
-        let dicts: Vec<_> = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| match e {
-                Value::Dict(d) => Ok(d),
-                _ => Err(bad(format!("device_traces[{device}][{i}] is not a dict"))),
-            })
-            .collect::<Result<_, _>>()?;
-        let action = |d: &std::collections::BTreeMap<HashableValue, Value>| match field(d, "action") {
-            Some(Value::String(s)) => Some(s.clone()),
-            _ => None,
-        };
-        let has_requested = dicts.iter().any(|d| action(d).as_deref() == Some("free_requested"));
+    for (device, dicts) in device_traces(&root, file)?.into_iter().enumerate() {
+        let has_requested = dicts.iter().any(|d| text(d, "action") == Some("free_requested"));
         let free_action = if has_requested {
             "free_requested"
         } else {
@@ -90,10 +108,10 @@ pub fn parse_snapshot(bytes: &[u8], file: &str) -> Result<Trace, TraceError> {
         let tag = (device as u64) << 56;
         let mut live: HashMap<u64, ()> = HashMap::new();
         for (i, d) in dicts.into_iter().enumerate() {
-            let Some(act) = action(d) else {
+            let Some(act) = text(d, "action") else {
                 return Err(bad(format!("device_traces[{device}][{i}]: no `action` string")));
             };
-            let op = match act.as_str() {
+            let op = match act {
                 "alloc" => Op::Alloc,
                 a if a == free_action => Op::Free,
                 _ => continue,

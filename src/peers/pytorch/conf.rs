@@ -207,15 +207,16 @@ fn parse_divisions(
         out.fill(pow2(value)?);
         return Ok(out);
     };
-    let mut last_index = 0usize;
-    let mut first = true;
+    // The first interval no entry has set yet: each entry fills from there to its own interval.
+    let mut next = 0usize;
+    let last = consts::ROUNDUP_INTERVALS - 1;
     for pair in list.split(',') {
         let (size, div) = pair
             .split_once(':')
             .ok_or_else(|| err(key, value, format!("{pair:?}: write SIZE_MB:DIVISIONS")))?;
         let div = pow2(div)?;
         if size.trim() == ">" {
-            out[last_index + usize::from(!first)..].fill(div);
+            out[next..].fill(div);
             continue;
         }
         let mb: u64 = size
@@ -224,14 +225,9 @@ fn parse_divisions(
             .ok()
             .filter(|m: &u64| m.is_power_of_two())
             .ok_or_else(|| err(key, value, format!("{size:?}: sizes must be powers of two (MiB)")))?;
-        let index = (mb.trailing_zeros() as usize).min(consts::ROUNDUP_INTERVALS - 1);
-        if first {
-            out[..=index].fill(div);
-        } else {
-            out[last_index + 1..=index.max(last_index + 1).min(consts::ROUNDUP_INTERVALS - 1)].fill(div);
-        }
-        last_index = index;
-        first = false;
+        let index = (mb.trailing_zeros() as usize).min(last);
+        out[next..=index.max(next).min(last)].fill(div);
+        next = index + 1;
     }
     Ok(out)
 }
@@ -324,5 +320,12 @@ mod tests {
         assert_eq!(list.round_size(300 * MIB), 300 * MIB);
         assert_eq!(list.round_size(600 * MIB), 640 * MIB, "512 MiB..1 GiB in four steps");
         assert_eq!(list.round_size(3 * MIB + 1), 3 * MIB + 512);
+        let three: PytorchConf = "roundup_power2_divisions:[1:2,4:4,>:8]".parse().unwrap();
+        let mut want = [8; 16];
+        want[..3].copy_from_slice(&[2, 4, 4]);
+        assert_eq!(
+            three.roundup_power2_divisions, want,
+            "each entry fills up to its interval"
+        );
     }
 }

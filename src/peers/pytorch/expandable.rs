@@ -19,8 +19,7 @@ impl Model {
             let n = remaining.min(self.blocks[&next].size);
             candidate = self.map_block(d, next, n)?;
         }
-        let b = &self.blocks[&candidate];
-        self.free[b.pool].remove(&(b.stream, b.size, candidate));
+        self.remove_free(candidate);
         Some(candidate)
     }
 
@@ -83,7 +82,6 @@ impl Model {
                     d.unmap(addr + undo, page);
                     undo += page;
                 }
-                self.stats.refused_mallocs += 1;
                 return None;
             }
             self.stats.page_maps += 1;
@@ -106,7 +104,7 @@ impl Model {
             m.size = bytes;
             m.mapped = true;
         }
-        self.add_reserved(bytes);
+        self.stats.reserved.add(bytes);
         let at = self.merge_neighbours(addr);
         self.insert_free(at);
         Some(at)
@@ -123,14 +121,14 @@ impl Model {
         if first >= end {
             return addr;
         }
-        self.free[b.pool].remove(&(b.stream, b.size, addr));
+        self.remove_free(addr);
         let mut p = first;
         while p < end {
             d.unmap(p, page);
             self.stats.page_unmaps += 1;
             p += page;
         }
-        self.stats.reserved -= end - first;
+        self.stats.reserved.sub(end - first);
         self.blocks.remove(&addr);
         if first > addr {
             self.blocks.insert(

@@ -11,16 +11,12 @@ pub mod snapshot;
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 pub use conf::{ConfError, PytorchConf};
 pub use model::{Driver, Model};
 
+use super::{PeerCounts, PeerModel, PeerTarget};
 use crate::device::{Device, DevicePtr};
-use crate::hash::FastMap;
-use crate::stats::Counter;
 use crate::strategy::StreamId;
-use crate::trace::{ReplayTarget, TargetCounters};
 
 /// A [`Device`] as the model's [`Driver`].
 pub(crate) struct DeviceDriver {
@@ -71,108 +67,52 @@ impl Driver for DeviceDriver {
     }
 }
 
-struct Inner {
+/// PyTorch's allocator over a [`Device`] (`pytorch` and `pytorch-expandable` in `compare`).
+pub struct Pytorch {
     model: Model,
     driver: DeviceDriver,
-    /// Live pointer -> requested bytes.
-    live: FastMap<DevicePtr, u64>,
-    live_bytes: Counter,
 }
 
-/// PyTorch's caching allocator over a [`Device`], as a [`ReplayTarget`] (`pytorch` and
-/// `pytorch-expandable` in `compare`).
-pub struct PytorchPeer {
-    inner: Mutex<Inner>,
-    dev: Arc<dyn Device>,
-}
+/// The `pytorch` peer as a [`ReplayTarget`](crate::trace::ReplayTarget).
+pub type PytorchPeer = PeerTarget<Pytorch>;
 
-impl PytorchPeer {
-    pub fn new(dev: Arc<dyn Device>, conf: PytorchConf) -> Self {
-        PytorchPeer {
-            inner: Mutex::new(Inner {
-                model: Model::new(conf),
-                driver: DeviceDriver::new(dev.clone()),
-                live: FastMap::default(),
-                live_bytes: Counter::default(),
-            }),
-            dev,
-        }
-    }
-
-    /// `torch.cuda.empty_cache()`.
-    pub fn empty_cache(&self) {
-        let mut g = self.inner.lock();
-        let Inner { model, driver, .. } = &mut *g;
-        model.empty_cache(driver);
-    }
-
-    /// The model's own counts.
-    pub fn model_stats(&self) -> model::ModelStats {
-        self.inner.lock().model.stats()
-    }
-}
-
-impl ReplayTarget for PytorchPeer {
-    fn allocate(&self, bytes: u64, stream: StreamId) -> Option<DevicePtr> {
-        let mut g = self.inner.lock();
-        let Inner {
-            model,
+/// PyTorch's allocator configured by `conf`, over `dev`.
+pub fn peer(dev: Arc<dyn Device>, conf: PytorchConf) -> PytorchPeer {
+    let driver = DeviceDriver::new(dev.clone());
+    PeerTarget::new(
+        dev,
+        Pytorch {
+            model: Model::new(conf),
             driver,
-            live,
-            live_bytes,
-        } = &mut *g;
-        let ptr = model.malloc(driver, bytes, stream)?;
-        live.insert(ptr, bytes);
-        live_bytes.add(bytes);
-        Some(ptr)
+        },
+    )
+}
+
+impl PeerModel for Pytorch {
+    fn alloc(&mut self, bytes: u64, stream: StreamId) -> Option<DevicePtr> {
+        self.model.malloc(&mut self.driver, bytes, stream)
     }
 
-    fn deallocate(&self, ptr: DevicePtr, _stream: StreamId) {
-        let mut g = self.inner.lock();
-        let Some(bytes) = g.live.remove(&ptr) else {
-            tracing::error!(ptr, "pytorch peer: free of an unknown pointer");
-            return;
-        };
-        g.live_bytes.sub(bytes);
-        g.model.free(ptr);
+    fn free(&mut self, ptr: DevicePtr, _bytes: u64) {
+        self.model.free(ptr);
     }
 
-    fn counters(&self) -> TargetCounters {
-        let g = self.inner.lock();
-        let s = g.model.stats();
-        TargetCounters {
+    fn release_all(&mut self) {
+        self.model.empty_cache(&mut self.driver);
+    }
+
+    fn counts(&self) -> PeerCounts {
+        let s = self.model.stats();
+        PeerCounts {
             driver_allocs: s.segment_allocs + s.page_maps,
             driver_frees: s.segment_frees + s.page_unmaps,
-            oom_recoveries: s.recoveries,
-            live_bytes: g.live_bytes.current,
-            peak_live_bytes: g.live_bytes.peak,
-            reserved_bytes: s.reserved,
-            peak_reserved_bytes: s.peak_reserved,
-            idle_bytes: s.reserved.saturating_sub(g.live_bytes.current),
+            recoveries: s.recoveries,
+            reserved: s.reserved,
         }
     }
 
-    fn reset_peaks(&self) {
-        let mut g = self.inner.lock();
-        g.live_bytes.reset_peak();
-        g.model.reset_peak();
-    }
-
-    fn device(&self) -> &Arc<dyn Device> {
-        &self.dev
-    }
-}
-
-impl Drop for PytorchPeer {
-    /// Frees what is still live, then every segment, so the device ends empty.
-    fn drop(&mut self) {
-        let Inner {
-            model, driver, live, ..
-        } = self.inner.get_mut();
-        for (ptr, _) in live.drain() {
-            model.free(ptr);
-        }
-        model.empty_cache(driver);
+    fn reset_peak(&mut self) {
+        self.model.reset_peak();
     }
 }
 

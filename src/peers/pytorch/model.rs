@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::conf::{PytorchConf, consts::*};
+use crate::stats::Counter;
 use crate::strategy::StreamId;
 
 /// What the model asks of the GPU.
@@ -61,8 +62,7 @@ struct Segment {
     page: Option<u64>,
 }
 
-/// A block that was live when a recording started, or the layout of a segment then
-/// ([`Model::restore`]).
+/// A block that was live when a recording started ([`Model::restore`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveBlock {
     pub addr: u64,
@@ -80,11 +80,8 @@ pub struct ModelStats {
     pub ooms: u64,
     /// Requests served after a refused cudaMalloc, by releasing cached blocks.
     pub recoveries: u64,
-    /// cudaMalloc calls refused (before the retry).
-    pub refused_mallocs: u64,
-    /// Bytes held from the device (`total_allocated_memory`), now and at most.
-    pub reserved: u64,
-    pub peak_reserved: u64,
+    /// Bytes held from the device (`total_allocated_memory`).
+    pub reserved: Counter,
 }
 
 /// The state of one PyTorch device allocator.
@@ -122,17 +119,13 @@ impl Model {
         }
     }
 
-    pub fn conf(&self) -> &PytorchConf {
-        &self.conf
-    }
-
     pub fn stats(&self) -> ModelStats {
         self.stats
     }
 
     /// Restarts the reserved peak from the current value.
     pub fn reset_peak(&mut self) {
-        self.stats.peak_reserved = self.stats.reserved;
+        self.stats.reserved.reset_peak();
     }
 
     /// Adds a (non-expandable) segment as a recording found it: `live` blocks allocated (sorted
@@ -140,7 +133,7 @@ impl Model {
     pub fn restore(&mut self, base: u64, size: u64, stream: StreamId, small: bool, live: &[LiveBlock]) {
         let pool = if small { SMALL } else { LARGE };
         self.segments.insert(base, Segment { size, page: None });
-        self.add_reserved(size);
+        self.stats.reserved.add(size);
         let mut at = base;
         let put = |m: &mut Self, addr: u64, size: u64, allocated: bool| {
             m.blocks.insert(
@@ -174,11 +167,6 @@ impl Model {
     /// The block allocated at `addr`: its size, or None.
     pub fn allocated_size(&self, addr: u64) -> Option<u64> {
         self.blocks.get(&addr).filter(|b| b.allocated).map(|b| b.size)
-    }
-
-    fn add_reserved(&mut self, n: u64) {
-        self.stats.reserved += n;
-        self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
     }
 
     fn gc_enabled(&self) -> bool {
@@ -229,13 +217,13 @@ impl Model {
     /// raises OutOfMemoryError).
     pub fn malloc<D: Driver>(&mut self, d: &mut D, orig_size: u64, stream: StreamId) -> Option<u64> {
         let size = self.conf.round_size(orig_size);
-        let pool = if size <= SMALL_SIZE { SMALL } else { LARGE };
-        let alloc_size = if size <= SMALL_SIZE {
-            SMALL_BUFFER
+        // `get_pool` and `get_allocation_size`.
+        let (pool, alloc_size) = if size <= SMALL_SIZE {
+            (SMALL, SMALL_BUFFER)
         } else if size < MIN_LARGE_ALLOC {
-            LARGE_BUFFER
+            (LARGE, LARGE_BUFFER)
         } else {
-            size.div_ceil(ROUND_LARGE) * ROUND_LARGE
+            (LARGE, size.div_ceil(ROUND_LARGE) * ROUND_LARGE)
         };
         let p = Params {
             size,
@@ -243,11 +231,7 @@ impl Model {
             stream,
             pool,
         };
-        let found = match self.get_free_block(&p) {
-            Some(b) => Some(b),
-            None => self.alloc_new(d, &p),
-        };
-        let Some(addr) = found else {
+        let Some(addr) = self.get_free_block(&p).or_else(|| self.alloc_new(d, &p)) else {
             self.stats.ooms += 1;
             return None;
         };
@@ -339,19 +323,16 @@ impl Model {
     /// `alloc_block`: a new segment (or mapped pages of an expandable one).
     fn alloc_block<D: Driver>(&mut self, d: &mut D, p: &Params) -> Option<u64> {
         if let Some(max) = self.allowed_max(d)
-            && self.stats.reserved + p.alloc_size > max
+            && self.stats.reserved.current + p.alloc_size > max
         {
             return None;
         }
         if self.conf.expandable_segments {
             return self.try_allocate_expandable_block(d, p);
         }
-        let Some(ptr) = d.malloc(p.alloc_size) else {
-            self.stats.refused_mallocs += 1;
-            return None;
-        };
+        let ptr = d.malloc(p.alloc_size)?;
         self.stats.segment_allocs += 1;
-        self.add_reserved(p.alloc_size);
+        self.stats.reserved.add(p.alloc_size);
         self.segments.insert(
             ptr,
             Segment {
@@ -432,7 +413,7 @@ impl Model {
         debug_assert_eq!(seg.size, b.size, "only whole segments are released");
         d.free(addr, seg.size);
         self.stats.segment_frees += 1;
-        self.stats.reserved -= seg.size;
+        self.stats.reserved.sub(seg.size);
     }
 
     /// With a `max_split_size`, frees oversize cached blocks until one request fits.
@@ -475,7 +456,7 @@ impl Model {
     /// `release_cached_blocks` (out-of-memory and `empty_cache`): every fully-free segment
     /// goes back, the large pool first, each in (stream, size, address) order; free pages of
     /// expandable segments are unmapped.
-    pub fn release_cached_blocks<D: Driver>(&mut self, d: &mut D) {
+    fn release_cached_blocks<D: Driver>(&mut self, d: &mut D) {
         for pool in [LARGE, SMALL] {
             let mut to_unmap = Vec::new();
             let order: Vec<_> = self.free[pool].iter().map(|k| k.2).collect();
@@ -505,10 +486,10 @@ impl Model {
     fn garbage_collect_cached_blocks<D: Driver>(&mut self, d: &mut D) {
         let Some(max) = self.allowed_max(d) else { return };
         let threshold = (self.conf.garbage_collection_threshold * max as f64) as u64;
-        if self.stats.reserved <= threshold {
+        if self.stats.reserved.current <= threshold {
             return;
         }
-        let target = self.stats.reserved - threshold;
+        let target = self.stats.reserved.current - threshold;
         let calls = self.get_free_calls[LARGE];
         let age = |m: &Self, a: u64| calls - m.blocks[&a].gc_base;
         let freeable = |m: &Self| -> Vec<u64> {

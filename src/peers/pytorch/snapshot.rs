@@ -16,14 +16,14 @@
 //! `emptyCache`. A faithful model makes the same cudaMalloc sizes and cudaFree addresses in
 //! the same order and hands out every recorded address.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use serde_pickle::Value;
 
 use super::conf::{PytorchConf, consts};
 use super::model::{Driver, LiveBlock, Model};
 use crate::error::TraceError;
-use crate::trace::pytorch::{as_u64, field, read_pickle_dict};
+use crate::trace::pytorch::{Dict, as_u64, device_traces, field, read_pickle_dict, text};
 
 /// What a snapshot entry did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,11 +76,7 @@ pub fn read_recording(bytes: &[u8], file: &str) -> Result<Recording, TraceError>
         message,
     };
     let root = read_pickle_dict(bytes, file)?;
-    let num = |d: &std::collections::BTreeMap<_, Value>, k: &str| field(d, k).and_then(as_u64);
-    let text = |d: &std::collections::BTreeMap<_, Value>, k: &str| match field(d, k) {
-        Some(Value::String(s)) => Some(s.clone()),
-        _ => None,
-    };
+    let num = |d: &Dict, k: &str| field(d, k).and_then(as_u64);
     let mut rec = Recording {
         name: std::path::Path::new(file)
             .file_name()
@@ -89,7 +85,7 @@ pub fn read_recording(bytes: &[u8], file: &str) -> Result<Recording, TraceError>
         ..Default::default()
     };
     if let Some(Value::Dict(s)) = field(&root, "allocator_settings") {
-        rec.conf = text(s, "PYTORCH_CUDA_ALLOC_CONF");
+        rec.conf = text(s, "PYTORCH_CUDA_ALLOC_CONF").map(str::to_string);
     }
     let Some(Value::List(segments)) = field(&root, "segments") else {
         return Err(bad("no `segments` list: not a PyTorch memory snapshot".into()));
@@ -106,7 +102,7 @@ pub fn read_recording(bytes: &[u8], file: &str) -> Result<Recording, TraceError>
             addr: need("address")?,
             size: need("total_size")?,
             stream: num(s, "stream").unwrap_or(0),
-            small: text(s, "segment_type").as_deref() == Some("small"),
+            small: text(s, "segment_type") == Some("small"),
             expandable: matches!(field(s, "is_expandable"), Some(Value::Bool(true))),
             allocated: Vec::new(),
         };
@@ -126,19 +122,9 @@ pub fn read_recording(bytes: &[u8], file: &str) -> Result<Recording, TraceError>
         }
         rec.segments.push(seg);
     }
-    let Some(Value::List(devices)) = field(&root, "device_traces") else {
-        return Err(bad(
-            "no `device_traces` list: record with torch.cuda.memory._record_memory_history".into(),
-        ));
-    };
-    let Some(Value::List(entries)) = devices.first() else {
-        return Ok(rec);
-    };
-    for (i, e) in entries.iter().enumerate() {
-        let Value::Dict(e) = e else {
-            return Err(bad(format!("device_traces[0][{i}] is not a dict")));
-        };
-        let action = match text(e, "action").as_deref() {
+    let devices = device_traces(&root, file)?;
+    for (i, e) in devices.first().into_iter().flatten().enumerate() {
+        let action = match text(e, "action") {
             Some("alloc") => Action::Alloc,
             Some("free_requested") => Action::FreeRequested,
             Some("free_completed") => Action::FreeCompleted,
@@ -306,11 +292,7 @@ pub fn initial_state(rec: &Recording, conf: PytorchConf) -> (Model, usize, usize
             .map(|(&b, &(size, _, small))| (b, size, small))
     };
     // Sizes of the blocks the snapshot names only by their request.
-    let boundaries: BTreeMap<u64, ()> = live
-        .keys()
-        .chain(unknown.iter().map(|u| &u.0))
-        .map(|&a| (a, ()))
-        .collect();
+    let boundaries: BTreeSet<u64> = live.keys().copied().chain(unknown.iter().map(|u| u.0)).collect();
     for &(addr, requested, freed_at) in &unknown {
         let rounded = conf.round_size(requested);
         let Some((base, seg_size, small)) = seg_of(addr) else {
@@ -319,7 +301,7 @@ pub fn initial_state(rec: &Recording, conf: PytorchConf) -> (Model, usize, usize
         let end = boundaries
             .range(addr + 1..)
             .next()
-            .map_or(base + seg_size, |(&a, _)| a)
+            .map_or(base + seg_size, |&a| a)
             .min(base + seg_size);
         let gap = end.saturating_sub(addr + rounded);
         let size = if small {
