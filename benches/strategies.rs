@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use adaptalloc::device::{CostModel, Device};
-use adaptalloc::synth::WorkloadSpec;
-use adaptalloc::trace::replay;
 use adaptalloc::{Allocator, SimDevice, StrategyKind};
+use adaptalloc_cli::synth::WorkloadSpec;
+use adaptalloc_cli::trace::replay;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 
 fn device() -> Arc<dyn Device> {

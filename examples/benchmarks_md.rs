@@ -8,10 +8,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use adaptalloc::compare::{Capacity, CompareOptions, Contender, compare, min_capacity};
 use adaptalloc::size::ByteSize;
-use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Trace, csv_files, read_csv};
+use adaptalloc_cli::compare::{Capacity, CompareOptions, Contender, compare, min_capacity};
+use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
+use adaptalloc_cli::trace::{Trace, csv_files, read_csv};
 
 /// Mean ns of every criterion benchmark under target/criterion/GROUP/NAME[/PARAM].
 fn criterion_means(root: &Path) -> BTreeMap<String, f64> {
@@ -168,7 +168,7 @@ fn main() {
                     )
                 })
                 .collect();
-            let calls = |r: &adaptalloc::compare::StrategyResult| (r.driver_allocs + r.driver_frees) as f64;
+            let calls = |r: &adaptalloc_cli::compare::StrategyResult| (r.driver_allocs + r.driver_frees) as f64;
             let adaptive = t.results.iter().find(|r| r.strategy == "adaptive");
             let best = t
                 .results

@@ -9,13 +9,13 @@
 
 use std::path::Path;
 
-use adaptalloc::compare::{
-    Capacity, CompareOptions, Contender, StrategyResult, min_capacity, passthrough_min_capacity, run_one,
-};
 use adaptalloc::device::Granularity;
 use adaptalloc::size::{ByteSize, round_up};
-use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Trace, csv_files, read_csv};
+use adaptalloc_cli::compare::{
+    Capacity, CompareOptions, Contender, StrategyResult, min_capacity, passthrough_min_capacity, run_one,
+};
+use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
+use adaptalloc_cli::trace::{Trace, csv_files, read_csv};
 
 /// A device size for a trace.
 type CapacityOf<'a> = Box<dyn Fn(&Trace) -> u64 + 'a>;

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use adaptalloc::Allocator;
-use adaptalloc::compare::{CompareOptions, Contender, passthrough_min_capacity, run_one};
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
-use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Trace, csv_files, read_csv, replay};
+use adaptalloc_cli::compare::{CompareOptions, Contender, passthrough_min_capacity, run_one};
+use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
+use adaptalloc_cli::trace::{Trace, csv_files, read_csv, replay};
 
 fn main() -> anyhow::Result<()> {
     let policy = match std::env::args().nth(1) {
@@ -49,7 +49,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or(0);
             let pass = calls(r[0].driver_allocs, r[0].driver_frees);
             let o = calls(ours.driver_allocs, ours.driver_frees);
-            let show = |x: &adaptalloc::compare::StrategyResult| {
+            let show = |x: &adaptalloc_cli::compare::StrategyResult| {
                 if x.completed {
                     calls(x.driver_allocs, x.driver_frees).to_string()
                 } else {
@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_with(t: &Trace, policy: &Policy, cap: u64) -> adaptalloc::trace::ReplayMetrics {
+fn run_with(t: &Trace, policy: &Policy, cap: u64) -> adaptalloc_cli::trace::ReplayMetrics {
     let dev = Arc::new(SimDevice::new(cap));
     let alloc = Allocator::with_policy(dev as Arc<dyn Device>, policy.clone());
     replay(t, &alloc)

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use adaptalloc::Allocator;
 use adaptalloc::device::{Device, SimDevice};
-use adaptalloc::synth::WorkloadSpec;
-use adaptalloc::trace::{read_csv, replay};
+use adaptalloc_cli::synth::WorkloadSpec;
+use adaptalloc_cli::trace::{read_csv, replay};
 
 fn main() -> anyhow::Result<()> {
     let arg = std::env::args().nth(1).unwrap_or_else(|| "training".into());

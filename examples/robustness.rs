@@ -11,11 +11,11 @@
 use std::sync::Arc;
 
 use adaptalloc::Allocator;
-use adaptalloc::compare::{CompareOptions, Contender, passthrough_min_capacity, run_one};
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
-use adaptalloc::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc::trace::{Trace, csv_files, read_csv, replay};
+use adaptalloc_cli::compare::{CompareOptions, Contender, passthrough_min_capacity, run_one};
+use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
+use adaptalloc_cli::trace::{Trace, csv_files, read_csv, replay};
 
 /// Windows as fractions of the events: prefixes end before the run's later peaks, suffixes
 /// start with blocks whose allocation is outside the window (their frees are dropped).
@@ -155,7 +155,7 @@ fn workloads() -> anyhow::Result<Vec<Trace>> {
     Ok(out)
 }
 
-fn run_with(t: &Trace, policy: &Policy, cap: u64) -> adaptalloc::trace::ReplayMetrics {
+fn run_with(t: &Trace, policy: &Policy, cap: u64) -> adaptalloc_cli::trace::ReplayMetrics {
     let dev = Arc::new(SimDevice::new(cap));
     let alloc = Allocator::with_policy(dev as Arc<dyn Device>, policy.clone());
     replay(t, &alloc)

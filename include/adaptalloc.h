@@ -1,6 +1,6 @@
 /* adaptalloc: a GPU memory allocator with a policy engine. C ABI.
  *
- * Build the library with:  cargo build --release --features capi
+ * Build the library with:  cargo build --release -p adaptalloc-capi
  * (target/release/libadaptalloc.so). The signatures of adaptalloc_malloc and adaptalloc_free
  * are those of PyTorch's torch.cuda.memory.CUDAPluggableAllocator.
  *

@@ -1,6 +1,6 @@
 """Train a small Transformer with adaptalloc as PyTorch's CUDA allocator.
 
-    cargo build --release --features capi
+    cargo build --release -p adaptalloc-capi
     ADAPTALLOC_REPORT=report.md python3 python/example_torch.py [--steps N] [--native]
 
 The allocator must be installed before PyTorch allocates any CUDA memory. Prints time per

@@ -1,6 +1,6 @@
 """Loads libadaptalloc with ctypes, on a machine with no GPU and no torch.
 
-Run from the repository root after `cargo build --release --features capi`:
+Run from the repository root after `cargo build --release -p adaptalloc-capi`:
     python3 python/test_ctypes.py
 Checks: without a GPU, adaptalloc_malloc returns NULL with a readable reason, not a crash; on a
 simulated device (ADAPTALLOC_DEVICE=sim:...) malloc, free, stats, empty_cache and the tuning
@@ -92,7 +92,7 @@ def main():
         child(sys.argv[2])
         return
     if not os.path.exists(LIB):
-        raise SystemExit(f"{LIB} is missing: run `cargo build --release --features capi` first")
+        raise SystemExit(f"{LIB} is missing: run `cargo build --release -p adaptalloc-capi` first")
     header_matches_exports()
     try:
         ctypes.CDLL("libcuda.so.1")

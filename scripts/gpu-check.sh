@@ -11,7 +11,7 @@ steps=${1:-300}
 out=${OUT:-out/gpu-check}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-cargo build --release --features capi
+cargo build --release -p adaptalloc-capi
 cargo test --release --test cuda -- --nocapture 2>&1 | tee "$out/cuda-tests.txt"
 cargo run --release --example cudarc_slice 2>&1 | tee "$out/cudarc-example.txt"
 python3 python/example_torch.py --steps "$steps" --native 2>&1 | tee "$out/native.txt"

@@ -3,7 +3,7 @@
 use crate::error::ConfigError;
 
 /// Converts a TOML error into a [`ConfigError::Parse`] naming the file, line, column and key.
-pub(crate) fn toml_error(file: &str, text: &str, err: &toml::de::Error) -> ConfigError {
+pub fn toml_error(file: &str, text: &str, err: &toml::de::Error) -> ConfigError {
     let (line, column) = match err.span() {
         Some(span) => line_column(text, span.start),
         None => (0, 0),
@@ -64,7 +64,7 @@ fn key_in_message(message: &str) -> Option<String> {
 }
 
 /// Reads a config file as text; returns its display name (for errors) and its contents.
-pub(crate) fn read_file(path: &std::path::Path) -> Result<(String, String), ConfigError> {
+pub fn read_file(path: &std::path::Path) -> Result<(String, String), ConfigError> {
     let file = path.display().to_string();
     match std::fs::read_to_string(path) {
         Ok(text) => Ok((file, text)),
@@ -76,6 +76,6 @@ pub(crate) fn read_file(path: &std::path::Path) -> Result<(String, String), Conf
 }
 
 /// Parses TOML text into `T`; errors name `file`, line, column and key.
-pub(crate) fn parse<T: serde::de::DeserializeOwned>(text: &str, file: &str) -> Result<T, ConfigError> {
+pub fn parse<T: serde::de::DeserializeOwned>(text: &str, file: &str) -> Result<T, ConfigError> {
     toml::from_str(text).map_err(|e| toml_error(file, text, &e))
 }

@@ -12,10 +12,13 @@
 //! - [`device`]: where memory comes from: [`SimDevice`] (a simulated GPU with a cost model,
 //!   virtual memory, co-tenants and faults) or [`CudaDevice`] (the CUDA driver via cudarc).
 //! - [`strategy`]: passthrough, caching and block suballocation (TLSF, page-backed slabs).
-//! - [`trace`]: allocation traces (CSV, RMM logs, PyTorch snapshots) and [`trace::replay`];
-//!   [`synth`] workloads; [`compare`] and [`tune`] behind the `adaptalloc` command line.
-//! - [`cudarc_ext`]: cudarc `CudaSlice`s on adaptalloc memory; `capi` (feature `capi`): the C
-//!   ABI for PyTorch's pluggable allocator.
+//! - [`cudarc_ext`]: cudarc `CudaSlice`s on adaptalloc memory.
+//!
+//! The rest of the project lives in crates of its own, so that a crate that only allocates
+//! compiles none of it: `adaptalloc-cli` (the `adaptalloc` command line, traces, replay,
+//! synthetic workloads, models of PyTorch's, CUDA's, RMM's and IREE's allocators, the compare
+//! and tune harnesses) and `adaptalloc-capi` (the C ABI as `libadaptalloc.so`, for PyTorch's
+//! pluggable allocator and C/C++).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -35,19 +38,13 @@
 #![deny(unsafe_code)]
 
 pub mod allocator;
-// The C ABI for PyTorch and C/C++ callers (FFI needs unsafe).
-#[cfg(feature = "capi")]
-#[allow(unsafe_code)]
-pub mod capi;
-pub mod compare;
+pub mod config;
 // cudarc's CudaSlice over adaptalloc memory: upgrade_device_ptr is an unsafe FFI-level call.
-pub(crate) mod config;
 #[allow(unsafe_code)]
 pub mod cudarc_ext;
 pub mod device;
 pub mod error;
-pub(crate) mod hash;
-pub mod peers;
+pub mod hash;
 pub mod policy;
 pub(crate) mod ptrtable;
 pub mod report;
@@ -55,13 +52,10 @@ pub mod rng;
 pub mod size;
 pub mod stats;
 pub mod strategy;
-pub mod synth;
-pub mod trace;
-pub mod tune;
 
 pub use allocator::{Allocation, Allocator, AllocatorConfig, StrategyConfig};
 pub use device::{CudaDevice, Device, DevicePtr, SimDevice};
-pub use error::{AllocError, ConfigError, DeviceError, TraceError};
+pub use error::{AllocError, ConfigError, DeviceError};
 pub use stats::{Counter, Stats};
 pub use strategy::{StrategyKind, StreamId};
 

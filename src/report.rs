@@ -253,6 +253,8 @@ impl TuningReport {
         (bound > used).then_some(bound)
     }
 
+    /// The report as pretty-printed JSON (feature `json`).
+    #[cfg(feature = "json")]
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a report always serializes")
     }
@@ -262,10 +264,19 @@ impl TuningReport {
     }
 
     /// Writes the report to `path`, as TOML, JSON or Markdown by its extension (.toml, .json,
-    /// anything else: Markdown).
+    /// anything else: Markdown). JSON needs the crate's `json` feature (the command line and the
+    /// C ABI have it); without it a .json path is an error that says so.
     pub fn write_to(&self, path: &std::path::Path) -> std::io::Result<()> {
         let text = match path.extension().and_then(|e| e.to_str()) {
+            #[cfg(feature = "json")]
             Some("json") => self.to_json(),
+            #[cfg(not(feature = "json"))]
+            Some("json") => {
+                return Err(std::io::Error::other(format!(
+                    "{}: JSON reports need adaptalloc's `json` feature; enable it, or write .toml or .md",
+                    path.display()
+                )));
+            }
             Some("toml") => self.to_toml().map_err(std::io::Error::other)?,
             _ => self.to_string(),
         };

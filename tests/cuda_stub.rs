@@ -6,63 +6,18 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use adaptalloc::compare::Contender;
-use adaptalloc::synth::WorkloadSpec;
-use adaptalloc::trace::replay;
 use adaptalloc::{AllocError, CudaDevice, Device, DeviceError};
+use adaptalloc_cli::compare::Contender;
+use adaptalloc_cli::synth::WorkloadSpec;
+use adaptalloc_cli::trace::replay;
+
+use common::stub::{run_on_stub, stub_or_skip};
 
 const CHILD: &str = "ADAPTALLOC_STUB_CUDA_CHILD";
 const CAPACITY: u64 = 96 << 20;
-
-fn build_stub(tag: &str) -> Result<PathBuf, String> {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/stub/libcuda.c");
-    let dir = std::env::temp_dir().join(format!("adaptalloc-stub-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let lib = dir.join("libcuda.so");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .map_err(|e| format!("no C compiler ({cc}): {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{cc} failed: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(dir)
-}
-
-/// The stub's folder, or None (after printing why) where a real driver is present or no C
-/// compiler builds the stub.
-fn stub_or_skip(tag: &str) -> Option<PathBuf> {
-    if CudaDevice::driver_present() {
-        common::skip("a real CUDA driver is present; the stub test runs where there is none");
-        return None;
-    }
-    build_stub(tag)
-        .map_err(|e| common::skip(&format!("stub libcuda not built: {e}")))
-        .ok()
-}
-
-/// Runs `cmd` against the stub libcuda in `dir` with a device of `capacity` bytes; returns
-/// whether it succeeded and its stdout and stderr.
-fn run_on_stub(cmd: &mut Command, dir: &std::path::Path, capacity: u64) -> (bool, String) {
-    let out = cmd
-        .env("LD_LIBRARY_PATH", dir)
-        .env("STUB_CUDA_CAPACITY", capacity.to_string())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
 
 #[test]
 fn cuda_device_runs_on_a_stub_libcuda() {
@@ -193,7 +148,7 @@ fn child() {
     // Every allocator set-up replays a workload on the stub and gives every byte back.
     let spec = WorkloadSpec::bundled("small-churn").unwrap();
     let trace = spec.generate(spec.seed);
-    for c in adaptalloc::compare::Contender::ALL {
+    for c in adaptalloc_cli::compare::Contender::ALL {
         let alloc = c.build(dev.clone()).expect("ours, not a peer");
         let m = replay(&trace, &alloc);
         assert_eq!(m.failed_allocs, 0, "{}", c.name());
@@ -217,40 +172,4 @@ fn child() {
     drop(alloc);
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
     println!("stub checks passed");
-}
-
-/// `adaptalloc gpu-bench` end to end on the stub: a cost model that parses, and a results table
-/// with every strategy and CUDA's pool replaying a small workload through the driver.
-#[test]
-fn gpu_bench_runs_on_a_stub_libcuda() {
-    let Some(dir) = stub_or_skip("bench") else {
-        return;
-    };
-    let cost = dir.join("stub-gpu.toml");
-    let results = dir.join("results.md");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_adaptalloc"));
-    cmd.arg("gpu-bench")
-        .arg("--quick")
-        .arg("--cost-model")
-        .arg(&cost)
-        .arg("--results")
-        .arg(&results);
-    let (ok, text) = run_on_stub(&mut cmd, &dir, 256 << 20);
-    assert!(ok, "gpu-bench failed:\n{text}");
-    let model = adaptalloc::device::CostModel::from_file(&cost).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    assert!(
-        model.description.contains("adaptalloc stub GPU"),
-        "{}",
-        model.description
-    );
-    let table = std::fs::read_to_string(&results).unwrap();
-    // small-churn (13 MiB peak) fits the stub's 256 MiB; the GiB-sized workloads are skipped.
-    for name in ["passthrough", "caching", "suballoc", "adaptive", "cuda-pool"] {
-        assert!(
-            table.contains(&format!("| small-churn | {name} | 0 |")),
-            "{name} missing or failed:\n{table}"
-        );
-    }
-    assert!(table.contains("skipped"), "{table}");
-    std::fs::remove_dir_all(&dir).ok();
 }

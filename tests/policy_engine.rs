@@ -7,13 +7,13 @@ use common::all_traces;
 
 use std::sync::Arc;
 
-use adaptalloc::compare::passthrough_min_capacity;
 use adaptalloc::device::{Device, Granularity, SimDevice, TenantAction};
 use adaptalloc::policy::Policy;
 use adaptalloc::strategy::StrategyKind;
-use adaptalloc::synth::WorkloadSpec;
-use adaptalloc::trace::{Op, ReplayOptions, replay_with};
 use adaptalloc::{Allocator, DevicePtr};
+use adaptalloc_cli::compare::passthrough_min_capacity;
+use adaptalloc_cli::synth::WorkloadSpec;
+use adaptalloc_cli::trace::{Op, ReplayOptions, replay_with};
 
 /// After every operation, free device memory is at least the headroom, unless the allocator
 /// holds nothing it could give back (live blocks, and free space inside their slabs, leave no

@@ -5,9 +5,9 @@ mod common;
 
 use common::all_traces;
 
-use adaptalloc::compare::{CompareOptions, Contender, StrategyResult, passthrough_min_capacity, run_one};
 use adaptalloc::device::Granularity;
-use adaptalloc::trace::Trace;
+use adaptalloc_cli::compare::{CompareOptions, Contender, StrategyResult, passthrough_min_capacity, run_one};
+use adaptalloc_cli::trace::Trace;
 
 fn calls(r: &StrategyResult) -> u64 {
     r.driver_allocs + r.driver_frees
@@ -107,7 +107,7 @@ fn default_never_fails_where_passthrough_completes() {
 /// pages.
 #[test]
 fn a_random_churn_on_a_device_of_few_pages_never_fails_between_the_steps() {
-    let spec = adaptalloc::synth::WorkloadSpec::bundled("small-churn").expect("bundled");
+    let spec = adaptalloc_cli::synth::WorkloadSpec::bundled("small-churn").expect("bundled");
     let t = spec.generate(spec.seed);
     let min = passthrough_min_capacity(&t, Granularity::default());
     let opts = CompareOptions::default();

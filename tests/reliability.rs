@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use adaptalloc::device::{CostModel, FaultPlan, SimDevice};
 use adaptalloc::policy::Policy;
-use adaptalloc::synth::WorkloadSpec;
-use adaptalloc::trace::{Op, parse_csv, parse_rmm, parse_snapshot};
 use adaptalloc::{AllocError, Allocator, Device, DeviceError, DevicePtr};
+use adaptalloc_cli::synth::WorkloadSpec;
+use adaptalloc_cli::trace::{Op, parse_csv, parse_rmm, parse_snapshot};
 use common::{Setup, all_configs, check_invariants};
 use proptest::prelude::*;
 
@@ -95,7 +95,7 @@ fn the_default_absorbs_any_single_driver_failure() {
                 .build(),
         );
         let alloc = Allocator::adaptive(dev.clone() as Arc<dyn Device>);
-        adaptalloc::trace::replay(&trace, &alloc);
+        adaptalloc_cli::trace::replay(&trace, &alloc);
         dev.stats().driver_allocs
     };
     for nth in 1..=calls {
@@ -110,7 +110,7 @@ fn the_default_absorbs_any_single_driver_failure() {
                 .build(),
         );
         let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, Policy::default());
-        let m = adaptalloc::trace::replay(&trace, &alloc);
+        let m = adaptalloc_cli::trace::replay(&trace, &alloc);
         assert_eq!(
             m.failed_allocs, 0,
             "fault on driver allocation #{nth} reached the caller"

@@ -10,7 +10,7 @@ mod cuda;
 // Virtual memory management on CUDA (FFI as above).
 #[allow(unsafe_code)]
 mod cuda_vmm;
-// CUDA's stream-ordered pool as a peer (FFI as above).
+// CUDA's stream-ordered pool, its driver calls (FFI as above).
 #[allow(unsafe_code)]
 mod cuda_pool;
 mod metered;

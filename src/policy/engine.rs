@@ -62,14 +62,32 @@ impl Ring {
             self.pos = (self.pos + 1) % RING;
         }
     }
+    /// The 50th, 90th and 99th percentiles (slow path: a sort of at most [`RING`] values).
     fn quantiles(&self) -> Option<[f64; 3]> {
-        use statrs::statistics::{Data, OrderStatistics};
         if self.values.is_empty() {
             return None;
         }
-        let mut data = Data::new(self.values.iter().map(|&v| v as f64).collect::<Vec<_>>());
-        Some([data.percentile(50), data.percentile(90), data.percentile(99)])
+        let mut sorted = self.values.clone();
+        sorted.sort_unstable();
+        Some([quantile(&sorted, 0.5), quantile(&sorted, 0.9), quantile(&sorted, 0.99)])
     }
+}
+
+/// The `tau` quantile of non-empty `sorted` values by the median-unbiased estimator (Hyndman and
+/// Fan's type 8, R's `quantile(type = 8)`): position h = (n + 1/3) tau + 1/3 (1-based), linear
+/// between the values on either side, clamped to the smallest and largest.
+fn quantile(sorted: &[u64], tau: f64) -> f64 {
+    let n = sorted.len();
+    let h = (n as f64 + 1.0 / 3.0) * tau + 1.0 / 3.0;
+    let hf = h as usize;
+    if hf == 0 {
+        return sorted[0] as f64;
+    }
+    if hf >= n {
+        return sorted[n - 1] as f64;
+    }
+    let (a, b) = (sorted[hf - 1] as f64, sorted[hf] as f64);
+    a + (h - hf as f64) * (b - a)
 }
 
 #[derive(Clone, Debug)]

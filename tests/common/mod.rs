@@ -2,6 +2,8 @@
 //! seeded random sequence, and the location of ../shared/traces.
 #![allow(dead_code)]
 
+pub mod stub;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -195,9 +197,19 @@ impl Rng {
     }
 }
 
+/// The workspace's root (these helpers serve the core's tests and the command line's, from
+/// `cli/tests`): the nearest folder up from the package holding `policies/`.
+pub fn project_root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .find(|d| d.join("policies").is_dir())
+        .map(PathBuf::from)
+        .unwrap_or(here)
+}
+
 /// `../shared/traces` relative to the project root, if present.
 pub fn traces_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
+    let dir = project_root().join("../shared/traces");
     if dir.is_dir() {
         Some(dir)
     } else {
@@ -211,7 +223,7 @@ pub fn trace_files() -> Vec<PathBuf> {
     let Some(dir) = traces_dir() else {
         return Vec::new();
     };
-    adaptalloc::trace::csv_files(&dir).expect("traces dir readable")
+    adaptalloc_cli::trace::csv_files(&dir).expect("traces dir readable")
 }
 
 /// Prints a skip reason past the test harness's output capture, so it shows in a plain
@@ -234,13 +246,13 @@ pub fn figure(what: &str) {
 }
 
 /// Every CSV trace in ../shared/traces (when present) and the bundled synthetic workloads.
-pub fn all_traces() -> Vec<adaptalloc::trace::Trace> {
-    let mut traces: Vec<adaptalloc::trace::Trace> = trace_files()
+pub fn all_traces() -> Vec<adaptalloc_cli::trace::Trace> {
+    let mut traces: Vec<adaptalloc_cli::trace::Trace> = trace_files()
         .iter()
-        .map(|p| adaptalloc::trace::read_csv(p, false).unwrap_or_else(|e| panic!("{e}")))
+        .map(|p| adaptalloc_cli::trace::read_csv(p, false).unwrap_or_else(|e| panic!("{e}")))
         .collect();
-    for (name, _) in adaptalloc::synth::BUNDLED {
-        let spec = adaptalloc::synth::WorkloadSpec::bundled(name).unwrap();
+    for (name, _) in adaptalloc_cli::synth::BUNDLED {
+        let spec = adaptalloc_cli::synth::WorkloadSpec::bundled(name).unwrap();
         traces.push(spec.generate(spec.seed));
     }
     traces

@@ -1,0 +1,211 @@
+//! The C ABI, built as `libadaptalloc.so`: the signatures of PyTorch's `CUDAPluggableAllocator`, plus
+//! `adaptalloc_empty_cache`, `adaptalloc_stats` and `adaptalloc_last_error`. Declared in
+//! `include/adaptalloc.h`.
+//!
+//! One allocator per device, created on first use with the policy from `ADAPTALLOC_POLICY`
+//! (the default when unset). `ADAPTALLOC_REPORT=path` writes each device's tuning report at
+//! exit (`path` as given for device 0, `path.N` for device N). `ADAPTALLOC_DEVICE=sim:SIZE`
+//! runs on a simulated device of that size instead of CUDA (tests, dry runs). No panic crosses
+//! the boundary: every entry point catches it, logs it, and returns NULL or an error code.
+
+#![forbid(unsafe_op_in_unsafe_fn)]
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use adaptalloc_core::allocator::Allocator;
+use adaptalloc_core::device::{Device, SimDevice};
+use adaptalloc_core::size::ByteSize;
+use adaptalloc_core::{CudaDevice, DevicePtr};
+
+/// Statistics of one device's allocator, as `adaptalloc_stats` fills them.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AdaptallocStats {
+    pub live_bytes: u64,
+    pub peak_live_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub idle_bytes: u64,
+    pub live_blocks: u64,
+    pub driver_allocs: u64,
+    pub driver_frees: u64,
+    pub failed_allocs: u64,
+    pub oom_recoveries: u64,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(message: String) {
+    tracing::warn!("{message}");
+    let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn allocators() -> &'static Mutex<HashMap<c_int, Allocator>> {
+    static ALLOCATORS: OnceLock<Mutex<HashMap<c_int, Allocator>>> = OnceLock::new();
+    ALLOCATORS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+unsafe extern "C" {
+    /// libc's atexit: statics are never dropped, so reports are written from here.
+    fn atexit(callback: extern "C" fn()) -> c_int;
+}
+
+extern "C" fn write_reports_at_exit() {
+    let _ = catch_unwind(|| {
+        let Ok(path) = std::env::var("ADAPTALLOC_REPORT") else {
+            return;
+        };
+        let Ok(map) = allocators().lock() else { return };
+        for (device, alloc) in map.iter() {
+            let Some(report) = alloc.report() else { continue };
+            let file = if *device == 0 {
+                path.clone()
+            } else {
+                format!("{path}.{device}")
+            };
+            if let Err(e) = report.write_to(std::path::Path::new(&file)) {
+                eprintln!("adaptalloc: cannot write the tuning report to {file}: {e}");
+            }
+        }
+    });
+}
+
+/// The allocator of `device`, created on first use.
+fn allocator(device: c_int) -> Result<Allocator, String> {
+    let mut map = allocators()
+        .lock()
+        .map_err(|_| "allocator table poisoned by an earlier panic".to_string())?;
+    if let Some(a) = map.get(&device) {
+        return Ok(a.clone());
+    }
+    let dev: Arc<dyn Device> = match std::env::var("ADAPTALLOC_DEVICE") {
+        Ok(spec) if spec.starts_with("sim:") => {
+            let size: ByteSize = spec[4..]
+                .parse()
+                .map_err(|e| format!("ADAPTALLOC_DEVICE={spec}: {e}"))?;
+            Arc::new(SimDevice::new(size.0))
+        }
+        Ok(spec) if spec != "cuda" && !spec.is_empty() => {
+            return Err(format!(
+                "ADAPTALLOC_DEVICE={spec}: use `cuda` or `sim:SIZE` (e.g. sim:16GiB)"
+            ));
+        }
+        _ => Arc::new(CudaDevice::new(device).map_err(|e| format!("device {device}: {e}"))?),
+    };
+    let alloc = Allocator::from_env(dev).map_err(|e| e.to_string())?;
+    if map.is_empty() && std::env::var_os("ADAPTALLOC_REPORT").is_some() {
+        // SAFETY: registers a plain extern "C" function with no captured state.
+        unsafe { atexit(write_reports_at_exit) };
+    }
+    map.insert(device, alloc.clone());
+    Ok(alloc)
+}
+
+/// Allocates `size` bytes on `device` for `stream` (a `cudaStream_t`); NULL on failure, with
+/// the reason in `adaptalloc_last_error()`.
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    let stream = stream as usize as u64;
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let alloc = allocator(device)?;
+        alloc.allocate_raw(size as u64, stream).map_err(|e| e.to_string())
+    }));
+    match result {
+        Ok(Ok(ptr)) => ptr as usize as *mut c_void,
+        Ok(Err(message)) => {
+            set_error(format!("adaptalloc_malloc({size}, device {device}): {message}"));
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            set_error(format!(
+                "adaptalloc_malloc({size}, device {device}): internal panic (a bug; please report it)"
+            ));
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Frees `ptr` from `adaptalloc_malloc` on `device` and `stream`. Errors (an unknown pointer)
+/// are logged and kept in `adaptalloc_last_error()`; nothing is corrupted.
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_free(ptr: *mut c_void, size: usize, device: c_int, stream: *mut c_void) {
+    if ptr.is_null() {
+        return;
+    }
+    let (addr, stream) = (ptr as usize as DevicePtr, stream as usize as u64);
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let alloc = allocator(device)?;
+        alloc.deallocate(addr, stream).map_err(|e| e.to_string())
+    }));
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(message)) => set_error(format!(
+            "adaptalloc_free({addr:#x}, {size}, device {device}): {message}"
+        )),
+        Err(_) => set_error(format!(
+            "adaptalloc_free({addr:#x}): internal panic (a bug; please report it)"
+        )),
+    }
+}
+
+/// Gives every device's idle memory back to the driver; returns the bytes released.
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_empty_cache() -> u64 {
+    catch_unwind(|| match allocators().lock() {
+        Ok(map) => map.values().map(Allocator::release_idle).sum(),
+        Err(_) => 0,
+    })
+    .unwrap_or(0)
+}
+
+/// Fills `out` with `device`'s statistics; 0 on success, -1 when `out` is NULL or the device
+/// has no allocator (nothing allocated on it yet).
+///
+/// # Safety
+/// `out` must be NULL or point to writable memory for one `AdaptallocStats`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn adaptalloc_stats(device: c_int, out: *mut AdaptallocStats) -> c_int {
+    if out.is_null() {
+        set_error("adaptalloc_stats: out is NULL".into());
+        return -1;
+    }
+    let stats = catch_unwind(|| {
+        allocators()
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&device).map(Allocator::stats))
+    });
+    let Ok(Some(s)) = stats else {
+        set_error(format!("adaptalloc_stats: no allocator for device {device} yet"));
+        return -1;
+    };
+    let c = AdaptallocStats {
+        live_bytes: s.live_bytes.current,
+        peak_live_bytes: s.live_bytes.peak,
+        reserved_bytes: s.reserved_bytes.current,
+        peak_reserved_bytes: s.reserved_bytes.peak,
+        idle_bytes: s.idle_bytes.current,
+        live_blocks: s.live_blocks.current,
+        driver_allocs: s.driver_allocs,
+        driver_frees: s.driver_frees,
+        failed_allocs: s.failed_allocs,
+        oom_recoveries: s.oom_recoveries,
+    };
+    // SAFETY: `out` is non-null and, by this function's contract, valid for one write.
+    unsafe { out.write(c) };
+    0
+}
+
+/// The last error on this thread, as a NUL-terminated string ("" when none). Valid until the
+/// next adaptalloc call on this thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}

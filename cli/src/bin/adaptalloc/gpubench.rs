@@ -1,0 +1,266 @@
+//! `adaptalloc gpu-bench`: on a machine with an NVIDIA GPU, calibrates the cost model and
+//! replays traces through CudaDevice with every strategy and through CUDA's stream-ordered pool.
+//! Driven by `scripts/gpu-bench.sh`.
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use adaptalloc::device::{CostModel, CudaDevice, CudaPool, Device, DevicePtr};
+use adaptalloc::size::ByteSize;
+use adaptalloc::strategy::StreamId;
+use adaptalloc_cli::compare::Contender;
+use adaptalloc_cli::trace::{ReplayOptions, ReplayTarget, TargetCounters, Trace, replay_with};
+use anyhow::Context;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Traces to replay (CSV, RMM log or PyTorch snapshot); with none, the bundled workloads.
+    traces: Vec<PathBuf>,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: i32,
+    /// Where to write the calibrated cost model (default tuning/cost-models/<gpu-name>.toml).
+    #[arg(long)]
+    cost_model: Option<PathBuf>,
+    /// Where to write the results table (Markdown).
+    #[arg(long, default_value = "out/gpu-bench/results.md")]
+    results: PathBuf,
+    /// Fewer timing repetitions (a smoke run).
+    #[arg(long)]
+    quick: bool,
+    /// Replay each trace N times back to back.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// Skip frees of ids that are not live instead of failing.
+    #[arg(long)]
+    lenient: bool,
+}
+
+/// The `f` quantile (0..=1) of sorted values; 0 when there are none.
+fn quantile(sorted: &[u64], f: f64) -> u64 {
+    let i = ((sorted.len().max(1) - 1) as f64 * f).round() as usize;
+    sorted.get(i).copied().unwrap_or(0)
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    quantile(&v, 0.5)
+}
+
+/// A file-name-safe form of the GPU's name ("NVIDIA H200" -> "nvidia-h200").
+fn slug(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    s.split('-').filter(|p| !p.is_empty()).collect::<Vec<_>>().join("-")
+}
+
+/// Median cuMemAlloc / cuMemFree and pool cuMemAllocAsync / cuMemFreeAsync latencies by size,
+/// as a cost-model TOML.
+fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
+    let free = cuda.mem_info()?.free;
+    let pool = CudaPool::new(cuda.clone())?;
+    let mut alloc_pts = Vec::new();
+    let mut free_pts = Vec::new();
+    let mut pool_rows = String::new();
+    let mut size = 512u64;
+    while size <= 4 << 30 {
+        if size > free / 10 * 9 {
+            eprintln!("calibrate: {} skipped ({} free)", ByteSize(size), ByteSize(free));
+            break;
+        }
+        let reps = match (size, quick) {
+            (_, true) => 3,
+            (s, false) if s <= 32 << 20 => 50,
+            (s, false) if s <= 512 << 20 => 10,
+            _ => 4,
+        };
+        let (mut a, mut f) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            let t = Instant::now();
+            let p = cuda.allocate(size)?;
+            a.push(t.elapsed().as_nanos() as u64);
+            let t = Instant::now();
+            cuda.free(p)?;
+            f.push(t.elapsed().as_nanos() as u64);
+        }
+        // The pool: one warm-up so that the timed calls are pool hits, as in a steady loop.
+        let (p, _) = pool.alloc_async(size)?;
+        pool.free_async(p)?;
+        pool.synchronize()?;
+        let (mut pa, mut pf) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            let (p, ns) = pool.alloc_async(size)?;
+            pa.push(ns);
+            pf.push(pool.free_async(p)?);
+            pool.synchronize()?;
+        }
+        let (ma, mf) = (median(a), median(f));
+        eprintln!("calibrate: {}: cuMemAlloc {ma} ns, cuMemFree {mf} ns", ByteSize(size));
+        alloc_pts.push(format!("    [{size}, {ma}],  # {}", ByteSize(size)));
+        free_pts.push(format!("    [{size}, {mf}],"));
+        let _ = writeln!(
+            pool_rows,
+            "#   {:>10}  {:>8}  {:>8}",
+            ByteSize(size).to_string(),
+            median(pa),
+            median(pf)
+        );
+        size *= 4;
+    }
+    let mut info = Vec::new();
+    for _ in 0..100 {
+        let t = Instant::now();
+        cuda.mem_info()?;
+        info.push(t.elapsed().as_nanos() as u64);
+    }
+    let date = std::process::Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    Ok(format!(
+        "# Measured by scripts/gpu-bench.sh (adaptalloc gpu-bench) on {name}, {date}: medians of\n\
+         # cuMemAlloc and cuMemFree on an idle device (no queued work).\n\
+         description = \"{name}, measured {date} (cuMemAlloc/cuMemFree medians, idle device)\"\n\n\
+         # Kept from the default model: the wait for queued work that cuMemFree's synchronization\n\
+         # adds depends on the workload (this device was idle, so it was not measured).\n\
+         free_sync_ns = {sync}\n\n\
+         # cuMemGetInfo, median of 100 calls.\n\
+         mem_info_ns = {info}\n\n\
+         [alloc]\npoints = [\n{alloc}\n]\n\n[free]\npoints = [\n{free}\n]\n\n\
+         # The stream-ordered pool (cuMemAllocAsync / cuMemFreeAsync on the default pool, release\n\
+         # threshold at its maximum, pool hits), ns, for comparison:\n\
+         #         size     alloc      free\n{pool_rows}",
+        name = cuda.name(),
+        sync = CostModel::default().free_sync_ns,
+        info = median(info),
+        alloc = alloc_pts.join("\n"),
+        free = free_pts.join("\n"),
+    ))
+}
+
+/// A replay target with every call timed.
+struct Timed<'a> {
+    inner: &'a dyn ReplayTarget,
+    ns: RefCell<Vec<u64>>,
+}
+
+impl ReplayTarget for Timed<'_> {
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Option<DevicePtr> {
+        let t = Instant::now();
+        let r = self.inner.allocate(bytes, stream);
+        self.ns.borrow_mut().push(t.elapsed().as_nanos() as u64);
+        r
+    }
+    fn deallocate(&self, ptr: DevicePtr, stream: StreamId) {
+        let t = Instant::now();
+        self.inner.deallocate(ptr, stream);
+        self.ns.borrow_mut().push(t.elapsed().as_nanos() as u64);
+    }
+    fn counters(&self) -> TargetCounters {
+        self.inner.counters()
+    }
+    fn reset_peaks(&self) {
+        self.inner.reset_peaks()
+    }
+    fn device(&self) -> &Arc<dyn Device> {
+        self.inner.device()
+    }
+}
+
+fn results_row(trace: &Trace, name: &str, target: &dyn ReplayTarget, repeat: u32) -> String {
+    let timed = Timed {
+        inner: target,
+        ns: RefCell::new(Vec::with_capacity(trace.events.len())),
+    };
+    let m = replay_with(
+        trace,
+        &timed,
+        ReplayOptions {
+            repeat,
+            ..Default::default()
+        },
+        |_| {},
+    );
+    let mut ns = timed.ns.into_inner();
+    ns.sort_unstable();
+    let q = |f: f64| quantile(&ns, f);
+    let mean = ns.iter().sum::<u64>() as f64 / ns.len().max(1) as f64;
+    format!(
+        "| {} | {name} | {} | {} | {:.1} | {:.0} | {} | {} | {:.3} |\n",
+        trace.name,
+        m.failed_allocs,
+        m.driver_allocs + m.driver_frees,
+        m.wall_ns as f64 / 1e6,
+        mean,
+        q(0.5),
+        q(0.99),
+        m.peak_reserved_bytes as f64 / m.peak_live_bytes.max(1) as f64,
+    )
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let cuda = Arc::new(CudaDevice::new(args.device).context("gpu-bench needs a CUDA device")?);
+    let name = cuda.name();
+    let cost_path = args
+        .cost_model
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("tuning/cost-models/{}.toml", slug(&name))));
+    let toml = calibrate(&cuda, args.quick)?;
+    if let Some(dir) = cost_path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    }
+    std::fs::write(&cost_path, &toml).with_context(|| format!("{}: cannot write", cost_path.display()))?;
+    CostModel::from_file(&cost_path).context("the calibrated cost model does not parse")?;
+    eprintln!("wrote {}", cost_path.display());
+
+    let traces = crate::common::load_traces(&args.traces, args.lenient, None)?;
+    let total = cuda.mem_info()?.total;
+    let mut md = format!(
+        "# gpu-bench on {name} ({} total)\n\nEvery strategy and CUDA's stream-ordered pool (cuMemAllocAsync on the default \
+         pool, release threshold at its maximum) replaying each trace through the real driver. Wall time includes \
+         driver calls; per-event times are host-side (the pool's frees complete on the stream). Driver calls for \
+         cuda-pool are its async calls.\n\n\
+         | trace | allocator | failed | driver calls | wall ms | mean ns/event | p50 ns | p99 ns | peak reserved / live |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+        ByteSize(total)
+    );
+    for trace in &traces {
+        let free = cuda.mem_info()?.free;
+        if trace.peak_live_bytes() > free / 10 * 9 {
+            let _ = writeln!(
+                md,
+                "| {} | skipped: peak live {} > 90% of {} free | | | | | | | |",
+                trace.name,
+                ByteSize(trace.peak_live_bytes()),
+                ByteSize(free)
+            );
+            continue;
+        }
+        for c in Contender::all() {
+            let target = c.target(cuda.clone() as Arc<dyn Device>, &Default::default());
+            md += &results_row(trace, c.name(), &*target, args.repeat);
+        }
+        let pool = adaptalloc_cli::peers::CudaPoolTarget::new(cuda.clone())?;
+        md += &results_row(trace, "cuda-pool", &pool, args.repeat);
+        drop(pool);
+        eprintln!("replayed {}", trace.name);
+    }
+    if let Some(dir) = args.results.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    }
+    std::fs::write(&args.results, &md).with_context(|| format!("{}: cannot write", args.results.display()))?;
+    print!("{md}");
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! Replay: drives an allocator through a trace and measures what it did.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{Op, Trace};
+use adaptalloc::allocator::Allocator;
+use adaptalloc::device::{Device, DevicePtr};
+use adaptalloc::strategy::StreamId;
+
+/// An allocator that a replay can drive: adaptalloc's [`Allocator`], or a peer allocator over
+/// the same device (the `peers` feature), so that both are measured the same way.
+pub trait ReplayTarget {
+    /// Allocates `bytes` on `stream`; `None` when the allocation failed.
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Option<DevicePtr>;
+    /// Frees a pointer that [`allocate`](ReplayTarget::allocate) returned.
+    fn deallocate(&self, ptr: DevicePtr, stream: StreamId);
+    /// The counters now.
+    fn counters(&self) -> TargetCounters;
+    /// Restarts the peaks from the current values.
+    fn reset_peaks(&self);
+    /// The device it allocates from.
+    fn device(&self) -> &Arc<dyn Device>;
+    /// A synchronization point (the end of a pass, or every `sync_every` events): a
+    /// stream-ordered pool gives back what it holds beyond its release threshold.
+    fn synchronize(&self) {}
+}
+
+/// What every replay target reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TargetCounters {
+    /// Driver allocations and frees so far (for adaptalloc, map and unmap calls too).
+    pub driver_allocs: u64,
+    pub driver_frees: u64,
+    pub oom_recoveries: u64,
+    pub live_bytes: u64,
+    pub peak_live_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub idle_bytes: u64,
+}
+
+impl ReplayTarget for Allocator {
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Option<DevicePtr> {
+        self.allocate_raw(bytes, stream).ok()
+    }
+
+    fn deallocate(&self, ptr: DevicePtr, stream: StreamId) {
+        if let Err(e) = Allocator::deallocate(self, ptr, stream) {
+            // A replay frees only what it allocated, on the stream it allocated on.
+            tracing::error!(ptr, stream, error = %e, "replay free refused");
+        }
+    }
+
+    fn counters(&self) -> TargetCounters {
+        let s = self.stats();
+        TargetCounters {
+            driver_allocs: s.driver_allocs,
+            driver_frees: s.driver_frees,
+            oom_recoveries: s.oom_recoveries,
+            live_bytes: s.live_bytes.current,
+            peak_live_bytes: s.live_bytes.peak,
+            reserved_bytes: s.reserved_bytes.current,
+            peak_reserved_bytes: s.reserved_bytes.peak,
+            idle_bytes: s.idle_bytes.current,
+        }
+    }
+
+    fn reset_peaks(&self) {
+        Allocator::reset_peaks(self)
+    }
+
+    fn device(&self) -> &Arc<dyn Device> {
+        Allocator::device(self)
+    }
+}
+
+/// What a replay measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ReplayMetrics {
+    /// Events replayed (all passes).
+    pub events: u64,
+    /// Allocations the allocator refused (their frees are skipped).
+    pub failed_allocs: u64,
+    /// Driver allocations and frees made during the replay.
+    pub driver_allocs: u64,
+    pub driver_frees: u64,
+    /// Time in the driver: modelled on SimDevice, measured on a GPU.
+    pub modeled_driver_ns: u64,
+    pub peak_live_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// Out-of-memory errors recovered by releasing idle memory.
+    pub oom_recoveries: u64,
+    /// Wall-clock time of the replay on this machine (allocator overhead, not the GPU's).
+    pub wall_ns: u64,
+}
+
+impl ReplayMetrics {
+    /// True when every allocation succeeded.
+    pub fn completed(&self) -> bool {
+        self.failed_allocs == 0
+    }
+}
+
+/// How to replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// Replays the trace this many times back to back (blocks still live at the end of a pass
+    /// are freed between passes), to model several training steps.
+    pub repeat: u32,
+    /// Synchronizes every this many events (besides the end of each pass); None: never.
+    pub sync_every: Option<u64>,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            repeat: 1,
+            sync_every: None,
+        }
+    }
+}
+
+/// Replays `trace` once through `alloc`.
+pub fn replay<T: ReplayTarget + ?Sized>(trace: &Trace, alloc: &T) -> ReplayMetrics {
+    replay_with(trace, alloc, ReplayOptions::default(), |_| {})
+}
+
+/// Replays `trace` through `alloc`; `before_event(i)` runs before global event `i` (counting
+/// across passes), for co-tenants that act at scripted points. Blocks still live at the end of
+/// each pass are freed by the replay.
+pub fn replay_with<T: ReplayTarget + ?Sized>(
+    trace: &Trace,
+    alloc: &T,
+    opts: ReplayOptions,
+    mut before_event: impl FnMut(u64),
+) -> ReplayMetrics {
+    let before = alloc.counters();
+    let device_before = alloc.device().stats();
+    alloc.reset_peaks();
+    let start = Instant::now();
+    // id -> (pointer, stream, allocation sequence number).
+    let mut live: HashMap<u64, (DevicePtr, u64, u64)> = HashMap::with_capacity(1024);
+    let mut m = ReplayMetrics::default();
+    for _ in 0..opts.repeat.max(1) {
+        for e in &trace.events {
+            before_event(m.events);
+            m.events += 1;
+            if opts.sync_every.is_some_and(|n| n > 0 && m.events % n == 0) {
+                alloc.synchronize();
+            }
+            match e.op {
+                Op::Alloc => match alloc.allocate(e.size, e.stream) {
+                    Some(ptr) => {
+                        live.insert(e.id, (ptr, e.stream, m.events));
+                    }
+                    None => m.failed_allocs += 1,
+                },
+                Op::Free => {
+                    // Absent when the alloc failed: nothing to free.
+                    if let Some((ptr, stream, _)) = live.remove(&e.id) {
+                        alloc.deallocate(ptr, stream);
+                    }
+                }
+            }
+        }
+        // Newest first, like a program unwinding; a fixed order keeps replays deterministic
+        // (the map's own order varies from run to run and changes how slabs empty).
+        let mut rest: Vec<(DevicePtr, u64, u64)> = live.drain().map(|(_, v)| v).collect();
+        rest.sort_unstable_by_key(|&(_, _, seq)| std::cmp::Reverse(seq));
+        for (ptr, stream, _) in rest {
+            alloc.deallocate(ptr, stream);
+        }
+        alloc.synchronize();
+    }
+    m.wall_ns = start.elapsed().as_nanos() as u64;
+    let after = alloc.counters();
+    m.driver_allocs = after.driver_allocs - before.driver_allocs;
+    m.driver_frees = after.driver_frees - before.driver_frees;
+    m.oom_recoveries = after.oom_recoveries - before.oom_recoveries;
+    m.modeled_driver_ns = alloc.device().stats().driver_ns - device_before.driver_ns;
+    m.peak_live_bytes = after.peak_live_bytes;
+    m.peak_reserved_bytes = after.peak_reserved_bytes;
+    m
+}

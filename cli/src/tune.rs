@@ -1,0 +1,153 @@
+//! Offline tuning: replays traces under a grid of policy variants on SimDevice and picks the
+//! one that fails least, then makes the fewest driver calls, then reserves least.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::compare::Capacity;
+use crate::trace::{Trace, replay};
+use adaptalloc::allocator::Allocator;
+use adaptalloc::device::{Device, Granularity, SimDevice};
+use adaptalloc::policy::{Policy, Segregate, SizeOrFraction};
+
+/// One policy variant over every trace.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Trial {
+    /// What differs from the base policy.
+    pub label: String,
+    pub failed_allocs: u64,
+    pub driver_calls: u64,
+    pub modeled_driver_ns: u64,
+    /// The worst peak reserved / peak live over the traces.
+    pub max_reserved_over_live: f64,
+}
+
+/// What `tune` tried, and the winner.
+#[derive(Clone, Debug, Serialize)]
+pub struct Tuning {
+    pub trials: Vec<Trial>,
+    pub best: usize,
+    pub best_policy: Policy,
+    pub why: String,
+}
+
+fn variants(base: &Policy) -> Vec<(String, Policy)> {
+    let mut out = Vec::new();
+    for max_idle in [0.10, 0.25, 0.50] {
+        for loose in [0.25, 0.5, 1.0] {
+            for seg in [Segregate::Never, Segregate::Always] {
+                for tight in [0.20, 0.35, 0.60] {
+                    let mut p = base.clone();
+                    p.bounds.max_idle = SizeOrFraction::Fraction(max_idle);
+                    p.suballoc.loose_growth = loose;
+                    p.suballoc.segregate = seg;
+                    p.bounds.tight_below = SizeOrFraction::Fraction(tight);
+                    let seg_name = if seg == Segregate::Always { "always" } else { "never" };
+                    let label = format!(
+                        "max_idle {:.0}%, loose_growth {loose}, segregate {seg_name}, tight_below {:.0}%",
+                        max_idle * 100.0,
+                        tight * 100.0
+                    );
+                    out.push((label, p));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Tunes `base` for `traces` on devices of `capacity`.
+pub fn tune(traces: &[Trace], capacity: Capacity, base: &Policy) -> Tuning {
+    let granule = Granularity::default().large_granule;
+    let candidates = variants(base);
+    let trials: Vec<Trial> = candidates
+        .iter()
+        .map(|(label, policy)| {
+            let mut t = Trial {
+                label: label.clone(),
+                failed_allocs: 0,
+                driver_calls: 0,
+                modeled_driver_ns: 0,
+                max_reserved_over_live: 0.0,
+            };
+            for trace in traces {
+                let cap = capacity.bytes_for(trace.peak_live_bytes(), granule);
+                let alloc = Allocator::with_policy(Arc::new(SimDevice::new(cap)) as Arc<dyn Device>, policy.clone());
+                let m = replay(trace, &alloc);
+                t.failed_allocs += m.failed_allocs;
+                t.driver_calls += m.driver_allocs + m.driver_frees;
+                t.modeled_driver_ns += m.modeled_driver_ns;
+                let ratio = m.peak_reserved_bytes as f64 / m.peak_live_bytes.max(1) as f64;
+                t.max_reserved_over_live = t.max_reserved_over_live.max(ratio);
+            }
+            t
+        })
+        .collect();
+    let best = (0..trials.len())
+        .min_by(|&a, &b| {
+            let (x, y) = (&trials[a], &trials[b]);
+            (x.failed_allocs, x.driver_calls)
+                .cmp(&(y.failed_allocs, y.driver_calls))
+                .then(x.max_reserved_over_live.total_cmp(&y.max_reserved_over_live))
+        })
+        .expect("the grid is not empty");
+    let w = &trials[best];
+    let runner_up = trials
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != best)
+        .min_by_key(|(_, t)| (t.failed_allocs, t.driver_calls))
+        .map(|(_, t)| t);
+    let why = match runner_up {
+        Some(r) => format!(
+            "{} failed allocations and {} driver calls over {} trace(s), against the runner-up's {} and {} ({}); worst reserved/live {:.2}x",
+            w.failed_allocs,
+            w.driver_calls,
+            traces.len(),
+            r.failed_allocs,
+            r.driver_calls,
+            r.label,
+            w.max_reserved_over_live
+        ),
+        None => "the only candidate".into(),
+    };
+    let mut best_policy = candidates[best].1.clone();
+    best_policy.description = format!("tuned by adaptalloc tune: {}", w.label);
+    Tuning {
+        trials,
+        best,
+        best_policy,
+        why,
+    }
+}
+
+impl std::fmt::Display for Tuning {
+    /// Markdown: the winner, why, and every trial.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "# adaptalloc tune\n\nWinner: {}.\n\nWhy: {}.\n",
+            self.trials[self.best].label, self.why
+        )?;
+        writeln!(
+            f,
+            "| policy variant | failed | driver calls | driver time (ms) | worst reserved/live |"
+        )?;
+        writeln!(f, "|---|---|---|---|---|")?;
+        for (i, t) in self.trials.iter().enumerate() {
+            let mark = if i == self.best { " **(winner)**" } else { "" };
+            writeln!(
+                f,
+                "| {}{} | {} | {} | {:.1} | {:.2} |",
+                t.label,
+                mark,
+                t.failed_allocs,
+                t.driver_calls,
+                t.modeled_driver_ns as f64 / 1e6,
+                t.max_reserved_over_live
+            )?;
+        }
+        Ok(())
+    }
+}

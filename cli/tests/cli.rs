@@ -1,0 +1,427 @@
+//! The `adaptalloc` binary: every subcommand, its JSON shapes, and bad input (one-line error
+//! naming the file and line or key, exit code 2, never a panic).
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_adaptalloc"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs a command that must fail cleanly; returns its stderr.
+fn fails(args: &[&str]) -> String {
+    let out = run(args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    // Our errors are one line; clap's usage errors add a "try --help" hint after theirs.
+    if !err.starts_with("error:") {
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line expected: {err}");
+    }
+    err
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("adaptalloc-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn write(name: &str, bytes: &[u8]) -> String {
+    let p = tmp(name);
+    std::fs::write(&p, bytes).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    k.sort();
+    k
+}
+
+#[test]
+fn compare_json_has_the_documented_shape() {
+    let a = tmp("a.csv");
+    ok(&["synth", "training", "--out", a.to_str().unwrap()]);
+    let json: Value = serde_json::from_str(&ok(&[
+        "compare",
+        a.to_str().unwrap(),
+        "--capacity-factor",
+        "1.5",
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    assert!(json["capacity_bytes"].is_null(), "per-trace capacities");
+    let t = &json["traces"][0];
+    assert_eq!(
+        keys(t),
+        ["capacity_bytes", "events", "peak_live_bytes", "results", "trace"]
+    );
+    let r = &t["results"][0];
+    assert_eq!(
+        keys(r),
+        [
+            "completed",
+            "driver_allocs",
+            "driver_frees",
+            "failed_allocs",
+            "modeled_driver_ns",
+            "peak_reserved_bytes",
+            "strategy",
+            "tenant_failures",
+            "wall_ns"
+        ]
+    );
+    let names: Vec<&str> = t["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["strategy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "passthrough",
+            "caching",
+            "suballoc",
+            "adaptive",
+            "pytorch",
+            "pytorch-expandable",
+            "cuda-async",
+            "cuda-async-retain",
+            "rmm-pool",
+            "iree-caching"
+        ]
+    );
+
+    let fixed: Value = serde_json::from_str(&ok(&[
+        "compare",
+        "--capacity",
+        "16GiB",
+        "--strategies",
+        "passthrough,adaptive",
+        "--repeat",
+        "2",
+        "--tenant",
+        "1GiB@0.2..0.5",
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(fixed["capacity_bytes"], 16u64 << 30);
+    assert_eq!(fixed["traces"].as_array().unwrap().len(), 4, "the bundled workloads");
+    assert!(fixed["traces"][0].get("capacity_bytes").is_none());
+    assert_eq!(fixed["traces"][0]["results"].as_array().unwrap().len(), 2);
+    let md = ok(&["compare", "--strategies", "suballoc", "--format", "markdown"]);
+    assert!(md.contains("| strategy | completed |"), "{md}");
+}
+
+#[test]
+fn sweep_json_has_the_documented_shape() {
+    let a = tmp("s.csv");
+    ok(&["synth", "small-churn", "--out", a.to_str().unwrap()]);
+    let json: Value = serde_json::from_str(&ok(&[
+        "sweep",
+        a.to_str().unwrap(),
+        "--strategies",
+        "passthrough,suballoc",
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    let t = &json["traces"][0];
+    assert_eq!(keys(t), ["min_capacity", "peak_live_bytes", "trace"]);
+    let m = &t["min_capacity"][0];
+    assert_eq!(keys(m), ["bytes", "factor", "strategy"]);
+    let (bytes, factor) = (m["bytes"].as_u64().unwrap(), m["factor"].as_f64().unwrap());
+    assert!(factor >= 1.0 && bytes >= t["peak_live_bytes"].as_u64().unwrap());
+}
+
+#[test]
+fn replay_prints_and_writes_the_tuning_report() {
+    let a = tmp("r.csv");
+    ok(&["synth", "phase-change", "--seed", "7", "--out", a.to_str().unwrap()]);
+    let report = tmp("report.json");
+    let text = ok(&[
+        "replay",
+        a.to_str().unwrap(),
+        "--capacity-factor",
+        "2",
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert!(
+        text.contains("# adaptalloc tuning report") && text.contains("## Recommendation"),
+        "{text}"
+    );
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(json["recommended_policy"]["bounds"]["headroom"].is_string());
+    let md = tmp("report.md");
+    ok(&[
+        "replay",
+        a.to_str().unwrap(),
+        "--policy",
+        "multi-tenant",
+        "--report",
+        md.to_str().unwrap(),
+    ]);
+    assert!(std::fs::read_to_string(&md).unwrap().contains("shared GPU"));
+    let fixed = ok(&["replay", a.to_str().unwrap(), "--strategy", "passthrough"]);
+    assert!(fixed.contains("0 failed allocations"), "{fixed}");
+}
+
+#[test]
+fn synth_is_deterministic_and_policy_commands_work() {
+    assert_eq!(
+        ok(&["synth", "serving", "--seed", "5"]),
+        ok(&["synth", "serving", "--seed", "5"])
+    );
+    assert_ne!(
+        ok(&["synth", "serving", "--seed", "5"]),
+        ok(&["synth", "serving", "--seed", "6"])
+    );
+    let dir = common::project_root().join("policies");
+    for preset in [
+        "default",
+        "training",
+        "inference-edge",
+        "multi-tenant",
+        "benchmark-unbounded",
+        "passthrough",
+    ] {
+        let file = dir.join(format!("{preset}.toml"));
+        assert!(ok(&["policy", "check", file.to_str().unwrap()]).contains(": ok"));
+        assert_eq!(ok(&["policy", "show", preset]), std::fs::read_to_string(&file).unwrap());
+    }
+    let err = fails(&[
+        "policy",
+        "check",
+        &write("bad.toml", b"[bounds]\nheadroom = \"lots\"\n"),
+    ]);
+    assert!(err.contains("bad.toml:2") && err.contains("bounds.headroom"), "{err}");
+    assert!(fails(&["policy", "show", "turbo"]).contains("turbo"));
+}
+
+#[test]
+fn import_converts_a_snapshot_to_the_csv_made_from_it() {
+    let Some(dir) = common::traces_dir() else { return };
+    let out = tmp("imported.csv");
+    ok(&[
+        "import",
+        dir.join("snapshots/gpu-medium-ctx128-train.pickle").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let ours = std::fs::read_to_string(&out).unwrap();
+    let theirs = std::fs::read_to_string(dir.join("gpu-medium-ctx128-train.csv")).unwrap();
+    let norm = |s: &str| -> Vec<String> {
+        s.lines()
+            .map(|l| {
+                l.split(',')
+                    .map(|f| f.trim().to_lowercase())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect()
+    };
+    assert_eq!(norm(&ours), norm(&theirs));
+    let rmm = write(
+        "rmm.csv",
+        b"Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x100,4096,0x0\n1,0.2,free,0x100,4096,0x0\n",
+    );
+    ok(&["import", &rmm, "--out", tmp("rmm-out.csv").to_str().unwrap()]);
+}
+
+#[test]
+fn bad_input_is_a_one_line_error_with_exit_code_2() {
+    let header = "op,timestamp_ns,ptr,size,stream\n";
+    let cases: Vec<(String, &str)> = vec![
+        (
+            write("truncated.csv", format!("{header}alloc,1,0x10,5").as_bytes()),
+            "truncated.csv:2",
+        ),
+        (
+            write("garbled.csv", format!("{header}alloc,1,0x10,5,0\n%%%,,\n").as_bytes()),
+            "garbled.csv:3",
+        ),
+        (
+            write("unknown-op.csv", format!("{header}grab,1,0x10,5,0\n").as_bytes()),
+            "unknown-op.csv:2: unknown op",
+        ),
+        (
+            write("negative.csv", format!("{header}alloc,1,0x10,-5,0\n").as_bytes()),
+            "negative.csv:2: size",
+        ),
+        (
+            write("nonnum.csv", format!("{header}alloc,1,0x10,lots,0\n").as_bytes()),
+            "nonnum.csv:2: size",
+        ),
+        (
+            write("unknown-free.csv", format!("{header}free,1,0x99,5,0\n").as_bytes()),
+            "unknown-free.csv:2: free of id 0x99",
+        ),
+        (write("not-snapshot.pickle", b"\x80\x02K\x01."), "not-snapshot.pickle"),
+        (write("empty.csv", b""), "empty.csv: empty file"),
+        (
+            write("binary.bin", &[0u8, 255, 13, 7, 0, 1]),
+            "binary.bin: unrecognised trace format",
+        ),
+        (
+            tmp("missing.csv").to_string_lossy().into_owned(),
+            "missing.csv: cannot read",
+        ),
+    ];
+    for (file, want) in &cases {
+        for cmd in [
+            &["replay", file.as_str()][..],
+            &["compare", file.as_str()][..],
+            &["import", file.as_str(), "--out", "/dev/null"][..],
+        ] {
+            let err = fails(cmd);
+            assert!(err.contains(want), "{cmd:?}: {err}");
+        }
+    }
+    // --lenient replays a trace with unknown frees and counts them.
+    let text = ok(&["replay", &cases[5].0, "--lenient"]);
+    assert!(text.contains("1 unknown frees skipped"), "{text}");
+    assert!(fails(&["compare", "--strategies", "magic"]).contains("unknown strategy"));
+    assert!(fails(&["compare", "--tenant", "2GiB@0.7..0.2"]).contains("tenant"));
+    for bad in ["0.6..0.2", "0.3..0.3", "half..1", "0.2-0.6", "0..1.5"] {
+        let err = fails(&["compare", "--window", bad]);
+        assert!(err.contains(&format!("window \"{bad}\"")), "{bad}: {err}");
+    }
+    assert!(fails(&["compare", "--capacity-factor=-1"]).contains("capacity-factor"));
+    assert!(fails(&["compare", "--capacity=0"]).contains("capacity"));
+}
+
+#[test]
+fn tune_writes_a_loadable_policy_and_compare_writes_report_and_plot() {
+    let a = tmp("t.csv");
+    ok(&["synth", "serving", "--out", a.to_str().unwrap()]);
+    let out = tmp("tuned.toml");
+    let text = ok(&[
+        "tune",
+        a.to_str().unwrap(),
+        "--capacity-factor",
+        "1.2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(text.contains("Winner:") && text.contains("**(winner)**"), "{text}");
+    assert!(ok(&["policy", "check", out.to_str().unwrap()]).contains("tuned by adaptalloc tune"));
+    let (md, svg) = (tmp("cmp/compare.md"), tmp("cmp/compare.svg"));
+    ok(&[
+        "compare",
+        a.to_str().unwrap(),
+        "--report",
+        md.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(std::fs::read_to_string(&md).unwrap().contains("| adaptive |"));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("adaptive") && svg.contains("reserved"),
+        "{}",
+        &svg[..200]
+    );
+}
+
+/// `--window` replays part of each trace: compare, sweep and replay name it, and its frees of
+/// blocks allocated before the window are gone (the replay completes, nothing unknown freed).
+#[test]
+fn window_replays_part_of_each_trace() {
+    let json: Value = serde_json::from_str(&ok(&[
+        "compare",
+        "--window",
+        "0.5..1",
+        "--strategies",
+        "passthrough,adaptive",
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    let traces = json["traces"].as_array().expect("traces");
+    assert_eq!(traces.len(), 4, "every bundled workload");
+    for t in traces {
+        let name = t["trace"].as_str().unwrap();
+        assert!(name.ends_with("[50%..100%]"), "{name}");
+        for r in t["results"].as_array().unwrap() {
+            assert_eq!(r["failed_allocs"], 0, "{name}: {r}");
+        }
+    }
+    let whole: Value =
+        serde_json::from_str(&ok(&["compare", "--strategies", "passthrough", "--format", "json"])).unwrap();
+    let events = |v: &Value, i: usize| v["traces"][i]["events"].as_u64().unwrap();
+    assert!(events(&json, 0) < events(&whole, 0), "a window has fewer events");
+    assert!(ok(&["sweep", "--window", "0..0.5"]).contains("[0%..50%]"));
+    let a = tmp("w.csv");
+    ok(&["synth", "training", "--out", a.to_str().unwrap()]);
+    let text = ok(&["replay", a.to_str().unwrap(), "--window", "0.25..0.75"]);
+    assert!(
+        text.contains("| failed / recovered OOM / pressure events | 0 / "),
+        "{text}"
+    );
+}
+
+#[test]
+fn every_peer_runs_in_compare_sweep_and_replay_and_a_bad_pytorch_conf_names_its_key() {
+    let dir = std::env::temp_dir().join(format!("adaptalloc-peers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.csv");
+    ok(&["synth", "small-churn", "--out", trace.to_str().unwrap()]);
+    let t = trace.to_str().unwrap();
+    let peers = "pytorch,pytorch-expandable,cuda-async,cuda-async-retain,rmm-pool,iree-caching";
+    let out = ok(&[
+        "compare",
+        t,
+        "--capacity-factor",
+        "2",
+        "--strategies",
+        peers,
+        "--pytorch-conf",
+        "max_split_size_mb:128,roundup_power2_divisions:4,garbage_collection_threshold:0.8",
+        "--sync-every",
+        "1000",
+    ]);
+    for p in peers.split(',') {
+        assert!(out.contains(p), "{p} in {out}");
+    }
+    let sweep = ok(&["sweep", t, "--strategies", "pytorch,rmm-pool"]);
+    assert!(sweep.contains("pytorch") && sweep.contains("rmm-pool"), "{sweep}");
+    for p in peers.split(',') {
+        let r = ok(&["replay", t, "--strategy", p, "--capacity-factor", "2"]);
+        assert!(r.contains("0 failed allocations"), "{p}: {r}");
+    }
+    let err = fails(&["compare", t, "--pytorch-conf", "max_spilt_size_mb:128"]);
+    assert!(
+        err.contains("max_spilt_size_mb") && err.contains("unknown key"),
+        "{err}"
+    );
+    let err = fails(&["compare", t, "--pytorch-conf", "max_split_size_mb:10"]);
+    assert!(
+        err.contains("max_split_size_mb") && err.contains("more than 20"),
+        "{err}"
+    );
+    fails(&["compare", t, "--sync-every", "0"]);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,46 @@
+//! `adaptalloc gpu-bench` on the stub libcuda (tests/stub/libcuda.c): the command's own code
+//! through CudaDevice and CUDA's pool, with no GPU. Skips, saying why, where no C compiler
+//! exists or a real CUDA driver is present.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::process::Command;
+
+use common::stub::{run_on_stub, stub_or_skip};
+
+/// `adaptalloc gpu-bench` end to end on the stub: a cost model that parses, and a results table
+/// with every strategy and CUDA's pool replaying a small workload through the driver.
+#[test]
+fn gpu_bench_runs_on_a_stub_libcuda() {
+    let Some(dir) = stub_or_skip("bench") else {
+        return;
+    };
+    let cost = dir.join("stub-gpu.toml");
+    let results = dir.join("results.md");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_adaptalloc"));
+    cmd.arg("gpu-bench")
+        .arg("--quick")
+        .arg("--cost-model")
+        .arg(&cost)
+        .arg("--results")
+        .arg(&results);
+    let (ok, text) = run_on_stub(&mut cmd, &dir, 256 << 20);
+    assert!(ok, "gpu-bench failed:\n{text}");
+    let model = adaptalloc::device::CostModel::from_file(&cost).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert!(
+        model.description.contains("adaptalloc stub GPU"),
+        "{}",
+        model.description
+    );
+    let table = std::fs::read_to_string(&results).unwrap();
+    // small-churn (13 MiB peak) fits the stub's 256 MiB; the GiB-sized workloads are skipped.
+    for name in ["passthrough", "caching", "suballoc", "adaptive", "cuda-pool"] {
+        assert!(
+            table.contains(&format!("| small-churn | {name} | 0 |")),
+            "{name} missing or failed:\n{table}"
+        );
+    }
+    assert!(table.contains("skipped"), "{table}");
+    std::fs::remove_dir_all(&dir).ok();
+}
