@@ -8,10 +8,15 @@
 //! Free neighbours merge when they share a stream or one of them is unrestricted (the result
 //! keeps the restriction).
 
+mod accounting;
 mod freelists;
 mod paging;
+mod slabs;
 mod splice;
+#[cfg(test)]
+mod tests;
 
+use accounting::Accounts;
 use freelists::FreeLists;
 
 use super::pages::PageMap;
@@ -112,12 +117,10 @@ pub struct Suballoc {
     /// stale.
     last_list: [(StreamId, u16); POOLS],
     any_list: [Option<u16>; POOLS],
-    pool_reserved: [u64; POOLS],
     slabs: Slots<Slab>,
     empty: Vec<u32>,
-    empty_bytes: u64,
-    reserved: u64,
-    used: u64,
+    /// Reserved, used, pinned, consumed and empty bytes ([`accounting`]: the one owner).
+    acct: Accounts,
     /// Most bytes one new slab may take beyond the request itself (set by the policy engine
     /// from free device memory minus headroom).
     slab_limit: u64,
@@ -125,11 +128,6 @@ pub struct Suballoc {
     now: u64,
     /// Page maps of slabs backed by virtual memory, by slab id (None: a whole driver allocation).
     pages: Vec<Option<PageMap>>,
-    /// Bytes that live blocks hold from the device and nothing can give back while they live:
-    /// pages a live block touches, or whole slabs (no page map) with a live block.
-    pinned: u64,
-    /// What the driver would consume for the live blocks if each were its own allocation.
-    consumed: u64,
     /// When set, a placement that would leave `pinned` over `consumed` by more than this is
     /// refused ([`Suballoc::allocate_guarded`]).
     strand_budget: Option<u64>,
@@ -156,17 +154,12 @@ impl Suballoc {
             stream_lists: FastMap::default(),
             last_list: [(0, u16::MAX); POOLS],
             any_list: [None; POOLS],
-            pool_reserved: [0; POOLS],
             slabs: Slots::new(),
             empty: Vec::new(),
-            empty_bytes: 0,
-            reserved: 0,
-            used: 0,
+            acct: Accounts::default(),
             slab_limit: u64::MAX,
             now: 0,
             pages: Vec::new(),
-            pinned: 0,
-            consumed: 0,
             strand_budget: None,
             model: None,
             released_over_bound: 0,
@@ -272,7 +265,8 @@ impl Suballoc {
     ) -> bool {
         let granule = self.model.map_or_else(|| dev.granularity(), |m| m.large_granule);
         let worst = bytes + 2 * granule;
-        if self.pinned + worst <= self.consumed + footprint + budget {
+        let (pinned_now, consumed_now) = (self.acct.pinned(), self.acct.consumed());
+        if pinned_now + worst <= consumed_now + footprint + budget {
             return false;
         }
         let pinned = match found {
@@ -282,7 +276,7 @@ impl Suballoc {
                 None => round_up(bytes, dev.granularity().max(ALIGNMENT)),
             },
         };
-        pinned > footprint && (self.pinned + pinned).saturating_sub(self.consumed + footprint) > budget
+        pinned > footprint && (pinned_now + pinned).saturating_sub(consumed_now + footprint) > budget
     }
 
     /// What a driver allocation of `bytes` would consume (the device's footprint model, read
@@ -319,7 +313,7 @@ impl Suballoc {
     /// Bytes pinned by live blocks over what the driver would consume for them, or 0 when the
     /// blocks share pages well enough to hold less.
     pub fn stranded_bytes(&self) -> u64 {
-        self.pinned.saturating_sub(self.consumed)
+        self.acct.pinned().saturating_sub(self.acct.consumed())
     }
 
     /// Serves `bytes` from free slab space only (no driver call), or None. The last resort on
@@ -408,7 +402,7 @@ impl Suballoc {
     /// Bytes in wholly empty slabs (releasable); the rest of the idle bytes is free space
     /// inside slabs that hold live blocks.
     pub fn empty_bytes(&self) -> u64 {
-        self.empty_bytes
+        self.acct.empty()
     }
 
     /// Releases empty slabs that have stayed empty since before operation `cutoff`.
@@ -432,24 +426,24 @@ impl Suballoc {
         };
         debug_assert_eq!(self.nodes[node].list, USED);
         let n = self.nodes[node];
-        self.used -= n.size;
-        self.consumed -= self.footprint(dev, n.size);
+        let footprint = self.footprint(dev, n.size);
+        self.acct.freed(n.size, footprint);
         let base = self.slabs[n.slab].base;
         if let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) {
-            self.pinned -= pm.release(n.addr - base, n.size);
+            self.acct.unpinned(pm.release(n.addr - base, n.size));
         }
         let slab = &mut self.slabs[n.slab];
         slab.used -= n.size;
         let emptied = slab.used == 0;
         if emptied && self.pages.get(n.slab as usize).is_none_or(Option::is_none) {
-            self.pinned -= slab.size;
+            self.acct.unpinned(slab.size);
         }
         let li = self.stream_list(stream, self.slabs[n.slab].pool);
         self.insert_free(node, li);
         if emptied {
             self.slabs[n.slab].emptied_at = now;
             self.mark_empty(n.slab);
-            if self.empty_bytes > self.config.max_empty_bytes {
+            if self.acct.empty() > self.config.max_empty_bytes {
                 self.released_over_bound += self.release_empty_slabs(dev, self.config.max_empty_bytes);
             }
         }
@@ -458,7 +452,7 @@ impl Suballoc {
     /// Releases empty slabs, newest first, until at most `keep` bytes of them remain.
     pub fn release_empty_slabs(&mut self, dev: &dyn Device, keep: u64) -> u64 {
         let mut released = 0;
-        while self.empty_bytes > keep {
+        while self.acct.empty() > keep {
             let Some(&slab_id) = self.empty.last() else {
                 break;
             };
@@ -488,11 +482,11 @@ impl Suballoc {
     }
 
     pub(super) fn reserved_bytes(&self) -> u64 {
-        self.reserved
+        self.acct.reserved()
     }
 
     pub(super) fn idle_bytes(&self) -> u64 {
-        self.reserved - self.used
+        self.acct.reserved() - self.acct.used()
     }
 
     pub(super) fn largest_free_block(&self) -> u64 {
@@ -562,6 +556,7 @@ impl Suballoc {
     /// Takes free node `idx` for a block of `bytes` (`footprint` as a driver allocation) placed
     /// `pad` bytes into it: the pad and the rest after the block stay free. Returns the block's
     /// node and address.
+    #[inline]
     fn take(&mut self, idx: u32, pad: u64, bytes: u64, footprint: u64) -> (u32, DevicePtr) {
         let li = self.nodes[idx].list;
         self.remove_free(idx);
@@ -576,7 +571,6 @@ impl Suballoc {
         let slab = &mut self.slabs[n.slab];
         let was_empty = slab.used == 0;
         slab.used += bytes;
-        self.consumed += footprint;
         if was_empty {
             self.unmark_empty(n.slab);
         }
@@ -584,11 +578,11 @@ impl Suballoc {
             let rest = self.split_node(idx, bytes);
             self.push_free(rest, li);
         }
-        self.used += self.nodes[idx].size;
+        self.acct.placed(self.nodes[idx].size, footprint);
         let base = self.slabs[n.slab].base;
         match self.pages.get_mut(n.slab as usize) {
-            Some(Some(pm)) => self.pinned += pm.acquire(n.addr - base, bytes),
-            _ if was_empty => self.pinned += self.slabs[n.slab].size,
+            Some(Some(pm)) => self.acct.pinned_more(pm.acquire(n.addr - base, bytes)),
+            _ if was_empty => self.acct.pinned_more(self.slabs[n.slab].size),
             _ => {}
         }
         (idx, n.addr)
@@ -617,154 +611,5 @@ impl Suballoc {
         front.size = at;
         front.phys_next = back;
         back
-    }
-
-    #[cold]
-    fn new_slab(&mut self, dev: &dyn Device, bytes: u64, pool: u8) -> Result<u32, DeviceError> {
-        let granule = dev.granularity().max(ALIGNMENT);
-        let exact = round_up(bytes, granule);
-        let limit = exact.max(self.slab_limit / granule * granule);
-        let max_slab = self.config.max_slab.max(self.config.min_slab);
-        let preferred = if pool == 0 {
-            let basis = if self.config.segregate {
-                self.pool_reserved[0]
-            } else {
-                self.reserved
-            };
-            let target = (basis as f64 * self.config.growth) as u64;
-            let grown = if target == 0 {
-                0
-            } else {
-                1u64 << (63 - target.leading_zeros())
-            };
-            grown.clamp(self.config.min_slab, max_slab)
-        } else {
-            // A whole number of this pool's requests, growing with what the pool holds.
-            let target = (self.pool_reserved[pool as usize] as f64 * self.config.growth) as u64;
-            let count = (target / bytes).max(1);
-            round_up(count.saturating_mul(bytes), granule).min(max_slab)
-        };
-        let preferred = preferred.min(limit).max(exact);
-        let (base, size, page_map) = match self.paged_vmm(dev) {
-            Some(vmm) => {
-                // Address space is free: reserve the whole slab, map what fits (all of it, or
-                // just the request's pages on a tight device).
-                let base = vmm.reserve(preferred)?;
-                let mut pm = PageMap::new(preferred, vmm.page_size());
-                let mapped = match vmm.map(base, preferred) {
-                    Ok(()) => preferred,
-                    Err(e) if e.is_out_of_memory() && preferred > exact => match vmm.map(base, exact) {
-                        Ok(()) => exact,
-                        Err(e) => {
-                            let _ = vmm.unreserve(base);
-                            return Err(e);
-                        }
-                    },
-                    Err(e) => {
-                        let _ = vmm.unreserve(base);
-                        return Err(e);
-                    }
-                };
-                pm.mark_mapped(0, mapped);
-                (base, preferred, Some(pm))
-            }
-            None => match dev.allocate(preferred) {
-                Ok(p) => (p, preferred, None),
-                // Tight device: a slab just big enough may still fit.
-                Err(e) if e.is_out_of_memory() && preferred > exact => (dev.allocate(exact)?, exact, None),
-                Err(e) => return Err(e),
-            },
-        };
-        let held = page_map.as_ref().map(|pm| pm.mapped_bytes).unwrap_or(size);
-        self.reserved += held;
-        self.pool_reserved[pool as usize] += held;
-        let slab = Slab {
-            base,
-            size,
-            head_node: NIL,
-            used: 0,
-            pool,
-            empty_pos: None,
-            emptied_at: self.now,
-        };
-        let slab_id = self.slabs.insert(slab);
-        if self.pages.len() <= slab_id as usize {
-            self.pages.resize(slab_id as usize + 1, None);
-        }
-        self.pages[slab_id as usize] = page_map;
-        let idx = self.nodes.insert(Node {
-            addr: base,
-            size,
-            slab: slab_id,
-            phys_prev: NIL,
-            phys_next: NIL,
-            free_prev: NIL,
-            free_next: NIL,
-            list: USED,
-        });
-        self.slabs[slab_id].head_node = idx;
-        let any = self.any_list(pool);
-        self.push_free(idx, any);
-        self.mark_empty(slab_id);
-        Ok(idx)
-    }
-
-    fn release_slab(&mut self, dev: &dyn Device, slab_id: u32) -> u64 {
-        let slab = self.slabs[slab_id];
-        self.unmark_empty(slab_id);
-        // The slab is wholly free; its free space may be split among streams' lists.
-        let mut idx = slab.head_node;
-        while idx != NIL {
-            let next = self.nodes[idx].phys_next;
-            self.remove_free(idx);
-            self.nodes[idx].slab = NIL;
-            self.nodes.release(idx);
-            idx = next;
-        }
-        self.slabs.release(slab_id);
-        let released = match self.pages[slab_id as usize].take() {
-            Some(mut pm) => {
-                let mapped = pm.mapped_bytes;
-                let vmm = dev.vmm().expect("a paged slab's device has vmm");
-                for (off, len) in pm.take_unused_runs(u64::MAX) {
-                    if let Err(e) = vmm.unmap(slab.base + off, len) {
-                        tracing::error!(ptr = slab.base + off, error = %e, "unmap failed; pages forgotten");
-                    }
-                }
-                if let Err(e) = vmm.unreserve(slab.base) {
-                    tracing::error!(ptr = slab.base, error = %e, "unreserve failed; range forgotten");
-                }
-                mapped
-            }
-            None => {
-                if let Err(e) = dev.free(slab.base) {
-                    tracing::error!(ptr = slab.base, error = %e, "driver free of a slab failed; slab forgotten");
-                }
-                slab.size
-            }
-        };
-        self.reserved -= released;
-        self.pool_reserved[slab.pool as usize] -= released;
-        released
-    }
-
-    fn mark_empty(&mut self, slab_id: u32) {
-        let slab = &mut self.slabs[slab_id];
-        if slab.empty_pos.is_none() {
-            slab.empty_pos = Some(self.empty.len() as u32);
-            self.empty_bytes += slab.size;
-            self.empty.push(slab_id);
-        }
-    }
-
-    fn unmark_empty(&mut self, slab_id: u32) {
-        let slab = &mut self.slabs[slab_id];
-        if let Some(pos) = slab.empty_pos.take() {
-            self.empty_bytes -= slab.size;
-            self.empty.swap_remove(pos as usize);
-            if let Some(&moved) = self.empty.get(pos as usize) {
-                self.slabs[moved].empty_pos = Some(pos);
-            }
-        }
     }
 }

@@ -106,8 +106,7 @@ impl Suballoc {
             pm.mark_mapped(off, len);
             added += len;
         }
-        self.reserved += added;
-        self.pool_reserved[slab.pool as usize] += added;
+        self.acct.held(slab.pool, added);
         Ok(true)
     }
 
@@ -131,8 +130,7 @@ impl Suballoc {
                     tracing::error!(ptr = base + off, error = %e, "unmap failed; pages forgotten");
                 }
                 released += len;
-                self.reserved -= len;
-                self.pool_reserved[pool as usize] -= len;
+                self.acct.given_back(pool, len);
             }
         }
         // Empty slabs with nothing mapped cost nothing but address space: drop them.

@@ -81,10 +81,7 @@ impl Suballoc {
         // The parts on held pages count at their own footprint (0 for an absent part).
         let parts = self.footprint(dev, plan.front) + self.footprint(dev, plan.back);
         let consumed = footprint.saturating_sub(parts);
-        self.reserved += fresh;
-        self.used += body;
-        self.pinned += fresh;
-        self.consumed += consumed;
+        self.acct.spliced(fresh, body, consumed);
         // The block starts in the front page's free tail, or where its body ends the fresh
         // pages when only a back page follows.
         let ptr = match tail {
@@ -141,10 +138,7 @@ impl Suballoc {
             unmap(vmm.unmap_alias(s.base + front_len + s.fresh, page), "back page");
         }
         unmap(vmm.unreserve(s.base), "range");
-        self.reserved -= s.fresh;
-        self.used -= s.body;
-        self.pinned -= s.fresh;
-        self.consumed -= s.consumed;
+        self.acct.unspliced(s.fresh, s.body, s.consumed);
         for node in [s.front, s.back].into_iter().flatten() {
             self.deallocate(dev, BlockMeta::Sub { node }, stream, now);
         }

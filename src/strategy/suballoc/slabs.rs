@@ -1,0 +1,156 @@
+//! The suballocator's slabs: taking one from the device (whole, or a reserved range backed page
+//! by page), giving one back, and the list of wholly free slabs kept for reuse.
+
+use super::{NIL, Node, PageMap, Slab, Suballoc, USED};
+use crate::device::Device;
+use crate::error::DeviceError;
+use crate::size::{ALIGNMENT, round_up};
+
+impl Suballoc {
+    #[cold]
+    pub(super) fn new_slab(&mut self, dev: &dyn Device, bytes: u64, pool: u8) -> Result<u32, DeviceError> {
+        let granule = dev.granularity().max(ALIGNMENT);
+        let exact = round_up(bytes, granule);
+        let limit = exact.max(self.slab_limit / granule * granule);
+        let max_slab = self.config.max_slab.max(self.config.min_slab);
+        let preferred = if pool == 0 {
+            let basis = if self.config.segregate {
+                self.acct.pool_reserved(0)
+            } else {
+                self.acct.reserved()
+            };
+            let target = (basis as f64 * self.config.growth) as u64;
+            let grown = if target == 0 {
+                0
+            } else {
+                1u64 << (63 - target.leading_zeros())
+            };
+            grown.clamp(self.config.min_slab, max_slab)
+        } else {
+            // A whole number of this pool's requests, growing with what the pool holds.
+            let target = (self.acct.pool_reserved(pool) as f64 * self.config.growth) as u64;
+            let count = (target / bytes).max(1);
+            round_up(count.saturating_mul(bytes), granule).min(max_slab)
+        };
+        let preferred = preferred.min(limit).max(exact);
+        let (base, size, page_map) = match self.paged_vmm(dev) {
+            Some(vmm) => {
+                // Address space is free: reserve the whole slab, map what fits (all of it, or
+                // just the request's pages on a tight device).
+                let base = vmm.reserve(preferred)?;
+                let mut pm = PageMap::new(preferred, vmm.page_size());
+                let mapped = match vmm.map(base, preferred) {
+                    Ok(()) => preferred,
+                    Err(e) if e.is_out_of_memory() && preferred > exact => match vmm.map(base, exact) {
+                        Ok(()) => exact,
+                        Err(e) => {
+                            let _ = vmm.unreserve(base);
+                            return Err(e);
+                        }
+                    },
+                    Err(e) => {
+                        let _ = vmm.unreserve(base);
+                        return Err(e);
+                    }
+                };
+                pm.mark_mapped(0, mapped);
+                (base, preferred, Some(pm))
+            }
+            None => match dev.allocate(preferred) {
+                Ok(p) => (p, preferred, None),
+                // Tight device: a slab just big enough may still fit.
+                Err(e) if e.is_out_of_memory() && preferred > exact => (dev.allocate(exact)?, exact, None),
+                Err(e) => return Err(e),
+            },
+        };
+        let held = page_map.as_ref().map(|pm| pm.mapped_bytes).unwrap_or(size);
+        self.acct.held(pool, held);
+        let slab = Slab {
+            base,
+            size,
+            head_node: NIL,
+            used: 0,
+            pool,
+            empty_pos: None,
+            emptied_at: self.now,
+        };
+        let slab_id = self.slabs.insert(slab);
+        if self.pages.len() <= slab_id as usize {
+            self.pages.resize(slab_id as usize + 1, None);
+        }
+        self.pages[slab_id as usize] = page_map;
+        let idx = self.nodes.insert(Node {
+            addr: base,
+            size,
+            slab: slab_id,
+            phys_prev: NIL,
+            phys_next: NIL,
+            free_prev: NIL,
+            free_next: NIL,
+            list: USED,
+        });
+        self.slabs[slab_id].head_node = idx;
+        let any = self.any_list(pool);
+        self.push_free(idx, any);
+        self.mark_empty(slab_id);
+        Ok(idx)
+    }
+
+    pub(super) fn release_slab(&mut self, dev: &dyn Device, slab_id: u32) -> u64 {
+        let slab = self.slabs[slab_id];
+        self.unmark_empty(slab_id);
+        // The slab is wholly free; its free space may be split among streams' lists.
+        let mut idx = slab.head_node;
+        while idx != NIL {
+            let next = self.nodes[idx].phys_next;
+            self.remove_free(idx);
+            self.nodes[idx].slab = NIL;
+            self.nodes.release(idx);
+            idx = next;
+        }
+        self.slabs.release(slab_id);
+        let released = match self.pages[slab_id as usize].take() {
+            Some(mut pm) => {
+                let mapped = pm.mapped_bytes;
+                let vmm = dev.vmm().expect("a paged slab's device has vmm");
+                for (off, len) in pm.take_unused_runs(u64::MAX) {
+                    if let Err(e) = vmm.unmap(slab.base + off, len) {
+                        tracing::error!(ptr = slab.base + off, error = %e, "unmap failed; pages forgotten");
+                    }
+                }
+                if let Err(e) = vmm.unreserve(slab.base) {
+                    tracing::error!(ptr = slab.base, error = %e, "unreserve failed; range forgotten");
+                }
+                mapped
+            }
+            None => {
+                if let Err(e) = dev.free(slab.base) {
+                    tracing::error!(ptr = slab.base, error = %e, "driver free of a slab failed; slab forgotten");
+                }
+                slab.size
+            }
+        };
+        self.acct.given_back(slab.pool, released);
+        released
+    }
+
+    pub(super) fn mark_empty(&mut self, slab_id: u32) {
+        let slab = &mut self.slabs[slab_id];
+        if slab.empty_pos.is_none() {
+            slab.empty_pos = Some(self.empty.len() as u32);
+            self.acct.emptied(slab.size);
+            self.empty.push(slab_id);
+        }
+    }
+
+    pub(super) fn unmark_empty(&mut self, slab_id: u32) {
+        let slab = &mut self.slabs[slab_id];
+        if let Some(pos) = slab.empty_pos.take() {
+            self.acct.filled(slab.size);
+            self.empty.swap_remove(pos as usize);
+            if let Some(&moved) = self.empty.get(pos as usize) {
+                self.slabs[moved].empty_pos = Some(pos);
+            }
+        }
+    }
+}

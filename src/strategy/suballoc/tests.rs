@@ -1,0 +1,78 @@
+//! The suballocator's counts under random churn, with the accounting invariants checked on every
+//! event (they are active in the library's unit tests): whole and paged slabs, several streams,
+//! a tight device where out-of-memory leads to page release and splicing.
+
+use super::*;
+use crate::device::SimDevice;
+use crate::rng::SplitMix64;
+use crate::size::KIB;
+
+/// Runs `ops` random allocations and frees on `dev`; returns how many blocks were spliced.
+fn churn(dev: &SimDevice, config: SuballocConfig, seed: u64, ops: usize) -> u64 {
+    let mut sub = Suballoc::new(config);
+    let mut rng = SplitMix64(seed);
+    let mut live: Vec<(Grant, StreamId)> = Vec::new();
+    let mut spliced = 0;
+    let free = |sub: &mut Suballoc, (g, stream): (Grant, StreamId), now: u64| match g.meta {
+        BlockMeta::Spliced { .. } => sub.free_spliced(dev, g.meta, stream, now),
+        _ => sub.deallocate(dev, g.meta, stream, now),
+    };
+    for op in 0..ops as u64 {
+        if live.is_empty() || rng.below(100) < 55 {
+            // Small blocks, page-sized ones and a few of several pages.
+            let bytes = match rng.below(10) {
+                0..=5 => (1 + rng.below(64)) * 4 * KIB,
+                6..=8 => (1 + rng.below(8)) * 512 * KIB,
+                _ => (1 + rng.below(6)) * MIB,
+            };
+            let stream = rng.below(3);
+            let got = match sub.allocate(dev, bytes, stream) {
+                Ok(g) => Some(g),
+                Err(e) if e.is_out_of_memory() => {
+                    sub.release_empty_slabs(dev, 0);
+                    sub.unmap_unused(dev, u64::MAX);
+                    sub.allocate(dev, bytes, stream)
+                        .ok()
+                        .or_else(|| sub.allocate_spliced(dev, bytes, stream))
+                }
+                Err(e) => panic!("{e}"),
+            };
+            if let Some(g) = got {
+                spliced += u64::from(matches!(g.meta, BlockMeta::Spliced { .. }));
+                live.push((g, stream));
+            }
+        } else {
+            let i = rng.below(live.len() as u64) as usize;
+            free(&mut sub, live.swap_remove(i), op);
+        }
+        if rng.below(50) == 0 {
+            sub.synchronize_stream(rng.below(3));
+        }
+        assert!(sub.acct.reserved() <= dev.capacity() + sub.acct.empty());
+    }
+    for entry in live.drain(..) {
+        free(&mut sub, entry, ops as u64);
+    }
+    assert_eq!((sub.acct.used(), sub.acct.pinned(), sub.acct.consumed()), (0, 0, 0));
+    sub.release_empty_slabs(dev, 0);
+    assert_eq!(sub.acct.reserved(), 0, "every byte back once all is free");
+    assert_eq!(dev.used_bytes(), 0);
+    spliced
+}
+
+#[test]
+fn counts_hold_under_random_churn() {
+    let mut spliced = 0;
+    for seed in 0..6 {
+        for (paged, segregate) in [(false, false), (true, false), (true, true)] {
+            let config = SuballocConfig {
+                page_release: paged,
+                segregate,
+                ..SuballocConfig::default()
+            };
+            let dev = SimDevice::new(48 * MIB);
+            spliced += churn(&dev, config, seed, 3000);
+        }
+    }
+    assert!(spliced > 0, "the tight runs spliced some blocks");
+}
