@@ -30,7 +30,7 @@ fn device() -> Arc<dyn Device> {
 
 const SIZES: [u64; 4] = [256, 64 << 10, 4 << 20, 64 << 20];
 
-/// cubecl-runtime 0.5's memory management over SimDevice (see src/peers.rs for its limits:
+/// cubecl-runtime 0.5's memory management over SimDevice (see cli/src/peers/gpu_alloc.rs for its limits:
 /// timed on reserve + release, without the crate-private address lookup).
 #[cfg(feature = "peers")]
 mod cubecl {

@@ -3,6 +3,6 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = adaptalloc::trace::parse_csv(data, "fuzz.csv", false);
-    let _ = adaptalloc::trace::parse_csv(data, "fuzz.csv", true);
+    let _ = adaptalloc_cli::trace::parse_csv(data, "fuzz.csv", false);
+    let _ = adaptalloc_cli::trace::parse_csv(data, "fuzz.csv", true);
 });

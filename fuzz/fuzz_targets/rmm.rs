@@ -3,8 +3,8 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = adaptalloc::trace::parse_rmm(data, "fuzz.log", false);
+    let _ = adaptalloc_cli::trace::parse_rmm(data, "fuzz.log", false);
     let mut with_header = b"Thread,Time,Action,Pointer,Size,Stream\n".to_vec();
     with_header.extend_from_slice(data);
-    let _ = adaptalloc::trace::parse_rmm(&with_header, "fuzz.log", true);
+    let _ = adaptalloc_cli::trace::parse_rmm(&with_header, "fuzz.log", true);
 });

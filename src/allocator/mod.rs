@@ -6,10 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+mod ladder;
 mod recovery;
 
+use ladder::Ladder;
+
 use crate::device::{Device, DevicePtr, Metered};
-use crate::error::{AllocError, DeviceError};
+use crate::error::AllocError;
 use crate::policy::{BUCKETS, Engine, Policy, bucket_of};
 use crate::ptrtable::PtrTable;
 use crate::size::{ALIGNMENT, ByteSize, align_up};
@@ -414,8 +417,9 @@ impl Shared {
         // one bin lookup, two list unlinks, a live-table insert and a few counter adds (~700
         // instructions a pair with the lock; callgrind on examples/hotpath.rs). Idle shrinks by
         // the block; nothing else moves. A cache miss goes to the driver without looking again.
+        // The rung by mode; the ladder (ladder.rs) is the one place that chooses the steps.
         let attempt = if st.pressure {
-            Self::allocate_compact(&mut st, si, aligned, stream, &self.device)
+            ladder::under_pressure(&mut st, &self.device, si, aligned, stream)
         } else if let Strategy::Caching(c) = &mut st.strategies[si] {
             match c.allocate_cached(&self.device, aligned, stream) {
                 Some(grant) => {
@@ -426,10 +430,11 @@ impl Shared {
                     st.maybe_tick(&self.device);
                     return Ok(grant.ptr);
                 }
+                // The rest of the Routed step: a new cached block.
                 None => c.allocate_new(&self.device, aligned, stream).map(|g| (g, si)),
             }
         } else {
-            Self::allocate_routed(&mut st, si, aligned, stream, &self.device)
+            ladder::routed(&mut st, &self.device, si, aligned, stream)
         };
         // Only the routed strategy changed, unless placement under pressure or recovery ran.
         let mut one_touched = !st.pressure;
@@ -461,45 +466,6 @@ impl Shared {
         }
         st.maybe_tick(&self.device);
         Ok(grant.ptr)
-    }
-
-    /// A request routed to a strategy other than a cache hit. Slabs run under the strand guard:
-    /// a placement that would pin memory the driver would not consume for the block (say, a
-    /// small block opening a fresh 2 MiB page) while the slabs already pin more than the budget
-    /// over their blocks' footprint gets an exact-size cached block instead, so what the
-    /// allocator cannot give back stays near passthrough's footprint.
-    #[inline]
-    fn allocate_routed(
-        st: &mut State,
-        si: usize,
-        aligned: u64,
-        stream: StreamId,
-        dev: &dyn Device,
-    ) -> Result<(crate::strategy::Grant, usize), DeviceError> {
-        let Strategy::Suballoc(sub) = &mut st.strategies[si] else {
-            return st.strategies[si].allocate(dev, aligned, stream).map(|g| (g, si));
-        };
-        match sub.allocate_guarded(dev, aligned, stream)? {
-            Some(g) => Ok((g, si)),
-            None => Self::allocate_refused(st, si, aligned, stream, dev),
-        }
-    }
-
-    /// The strand guard refused a slab placement: an exact-size cached block instead (or the
-    /// slab placement after all, with no caching strategy to fall back on).
-    #[cold]
-    fn allocate_refused(
-        st: &mut State,
-        si: usize,
-        aligned: u64,
-        stream: StreamId,
-        dev: &dyn Device,
-    ) -> Result<(crate::strategy::Grant, usize), DeviceError> {
-        let Some(ci) = st.caching_at else {
-            return st.strategies[si].allocate(dev, aligned, stream).map(|g| (g, si));
-        };
-        st.stats.strand_refusals += 1;
-        st.strategies[ci].allocate(dev, aligned, stream).map(|g| (g, ci))
     }
 
     /// Records a granted block as live: the live table, the engine's class statistics and the
@@ -590,15 +556,15 @@ impl Shared {
             stats: &stats,
             operations: st.op,
             headroom: e.headroom_bytes(),
-            pressure_events: e.pressure_events,
-            peak_stranded: e.peak_stranded,
-            released_by_bounds: e.released_by_bounds
+            pressure_events: e.journal.pressure_events,
+            peak_stranded: e.journal.peak_stranded,
+            released_by_bounds: e.journal.released_by_bounds
                 + st.strategies.iter().map(Strategy::released_over_bound).sum::<u64>(),
-            mem_info_samples: e.mem_info_samples,
+            mem_info_samples: e.journal.mem_info_samples,
             classes: e.summaries(&st.routes),
-            route_changes: e.route_changes.clone(),
-            decisions: e.decisions.clone(),
-            timeline: e.timeline.clone(),
+            route_changes: e.journal.route_changes.clone(),
+            decisions: e.journal.decisions.clone(),
+            timeline: e.journal.timeline.clone(),
         }))
     }
 }

@@ -78,7 +78,7 @@ impl Suballoc {
         let (fl, sl) = mapping(bytes);
         let mut i = self.lists[li as usize].heads[fl * SL + sl];
         let mut steps = 0;
-        while i != NIL && steps < 64 {
+        while i != NIL && steps < crate::policy::FIND_EXACT_STEPS {
             if self.nodes[i].size >= bytes {
                 return Some(i);
             }

@@ -574,11 +574,13 @@ impl Suballoc {
         if was_empty {
             self.unmark_empty(n.slab);
         }
-        if n.size - bytes >= ALIGNMENT {
+        // A rest under the alignment stays with the block.
+        let split = n.size - bytes >= ALIGNMENT;
+        self.acct.placed(if split { bytes } else { n.size }, footprint);
+        if split {
             let rest = self.split_node(idx, bytes);
             self.push_free(rest, li);
         }
-        self.acct.placed(self.nodes[idx].size, footprint);
         let base = self.slabs[n.slab].base;
         match self.pages.get_mut(n.slab as usize) {
             Some(Some(pm)) => self.acct.pinned_more(pm.acquire(n.addr - base, bytes)),

@@ -1,0 +1,342 @@
+//! Where a request goes: the only code that chooses, out-of-memory included. The route table
+//! (set by the engine's controller) names each size class's strategy; the ladder says what is
+//! tried, in order, in each mode:
+//!
+//! | mode | steps |
+//! |---|---|
+//! | roomy (the fast path) | [`Step::Routed`]: a cache hit or a new cached block; a slab fit within the strand limit, else an exact-size cached block; or a driver allocation |
+//! | pressure (free memory under the low watermark) | [`Step::HeldHole`] strict, then [`Step::Driver`] (the routed strategy when there is no passthrough) |
+//! | after out-of-memory, `oom.release_and_retry` | [`Step::ReleaseAndRetry`], [`Step::HeldHole`] loose, [`Step::Driver`] when not routed, [`Step::Splice`] |
+//! | after out-of-memory, no release | none: the error goes to the caller |
+//!
+//! [`steps`] is that table as data (unit-tested); [`Ladder`] walks it. The allocator picks the
+//! rung from its mode ([`routed`] or [`under_pressure`]); the roomy rung's one step is code, not
+//! a walk: it is the hot path. The cache-hit fast path in `Shared::allocate` is the
+//! first part of [`Step::Routed`], inlined there for its cost.
+
+use crate::device::Device;
+use crate::error::DeviceError;
+use crate::strategy::{Grant, Strategy, StreamId};
+
+use super::State;
+
+/// One way to serve a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    /// The routed strategy. A slab placement runs under the strand guard: one that would pin
+    /// memory the driver would not consume for the block (say, a small block opening a fresh
+    /// 2 MiB page) while the slabs already strand more than their budget gets an exact-size
+    /// cached block instead, so what the allocator cannot give back stays near passthrough's
+    /// footprint.
+    Routed,
+    /// Memory already held that fits, in any strategy, with no driver call: a hole in a slab
+    /// (best fit) or a waiting cached block of the size. `strict`: only a hole that pins no more
+    /// than the driver would consume for the block (under pressure, to keep the footprint near
+    /// passthrough's).
+    HeldHole { strict: bool },
+    /// An exact-size driver allocation through the passthrough strategy, or the routed one
+    /// where there is no passthrough (a rounded cache block or a slab may not fit where the
+    /// request does). After out-of-memory, only through a strategy other than the routed one,
+    /// which has just failed.
+    Driver,
+    /// Release every idle byte (cached blocks, then empty slabs and unused pages) and retry the
+    /// routed strategy once, even when nothing was idle: the refusal may have been transient.
+    ReleaseAndRetry,
+    /// A block spliced from the free ends of held slab pages and fresh pages: less new memory
+    /// than the driver's own allocation would take.
+    Splice,
+}
+
+/// Why the ladder is being walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Rung {
+    /// A request, with free memory above the low watermark.
+    Roomy,
+    /// A request, with free memory under the low watermark.
+    Pressure,
+    /// The first steps failed with out-of-memory.
+    OutOfMemory { release_and_retry: bool },
+}
+
+/// The steps tried, in order, on `rung`. Pure.
+pub(super) fn steps(rung: Rung) -> &'static [Step] {
+    match rung {
+        Rung::Roomy => &[Step::Routed],
+        Rung::Pressure => &[Step::HeldHole { strict: true }, Step::Driver],
+        Rung::OutOfMemory {
+            release_and_retry: true,
+        } => &[
+            Step::ReleaseAndRetry,
+            Step::HeldHole { strict: false },
+            Step::Driver,
+            Step::Splice,
+        ],
+        Rung::OutOfMemory {
+            release_and_retry: false,
+        } => &[],
+    }
+}
+
+/// A request on its way down the ladder.
+pub(super) struct Ladder<'a> {
+    st: &'a mut State,
+    dev: &'a dyn Device,
+    /// The routed strategy.
+    routed: usize,
+    aligned: u64,
+    stream: StreamId,
+}
+
+/// What a step gave: the block and the strategy that granted it.
+pub(super) type Served = (Grant, usize);
+
+/// The roomy rung: its one step, [`Step::Routed`], for a strategy other than a cache hit (the
+/// hot path, so a free function over the request's parts, kept in registers). Slabs place
+/// under the strand guard; the refusal is cold. An error goes on to
+/// [`Ladder::after_out_of_memory`] (or to the caller, not being one).
+#[inline]
+pub(super) fn routed(
+    st: &mut State,
+    dev: &dyn Device,
+    routed: usize,
+    aligned: u64,
+    stream: StreamId,
+) -> Result<Served, DeviceError> {
+    debug_assert_eq!(steps(Rung::Roomy), [Step::Routed]);
+    let Strategy::Suballoc(sub) = &mut st.strategies[routed] else {
+        return st.strategies[routed]
+            .allocate(dev, aligned, stream)
+            .map(|g| (g, routed));
+    };
+    match sub.allocate_guarded(dev, aligned, stream)? {
+        Some(g) => Ok((g, routed)),
+        None => Ladder::new(st, dev, routed, aligned, stream).refused(),
+    }
+}
+
+/// The pressure rung (free memory under the low watermark); an error goes on as in [`routed`].
+#[cold]
+pub(super) fn under_pressure(
+    st: &mut State,
+    dev: &dyn Device,
+    routed: usize,
+    aligned: u64,
+    stream: StreamId,
+) -> Result<Served, DeviceError> {
+    Ladder::new(st, dev, routed, aligned, stream).under_pressure()
+}
+
+impl<'a> Ladder<'a> {
+    pub fn new(st: &'a mut State, dev: &'a dyn Device, routed: usize, aligned: u64, stream: StreamId) -> Self {
+        Ladder {
+            st,
+            dev,
+            routed,
+            aligned,
+            stream,
+        }
+    }
+
+    /// The strand guard refused a slab placement: an exact-size cached block instead (or the
+    /// slab placement after all, with no caching strategy to fall back on).
+    #[cold]
+    #[inline(never)]
+    fn refused(&mut self) -> Result<Served, DeviceError> {
+        let Some(ci) = self.st.caching_at else {
+            let si = self.routed;
+            return self.st.strategies[si]
+                .allocate(self.dev, self.aligned, self.stream)
+                .map(|g| (g, si));
+        };
+        self.st.stats.strand_refusals += 1;
+        self.st.strategies[ci]
+            .allocate(self.dev, self.aligned, self.stream)
+            .map(|g| (g, ci))
+    }
+
+    /// The pressure rung ([`steps`]): fill holes first (no new memory), then an exact-size
+    /// driver allocation, whose error is the request's.
+    fn under_pressure(&mut self) -> Result<Served, DeviceError> {
+        for &step in steps(Rung::Pressure) {
+            match step {
+                Step::HeldHole { strict } => {
+                    if let Some(found) = self.held_hole(strict) {
+                        return Ok(found);
+                    }
+                }
+                Step::Driver => {
+                    let i = self.driver_target();
+                    return self.st.strategies[i]
+                        .allocate(self.dev, self.aligned, self.stream)
+                        .map(|g| (g, i));
+                }
+                Step::Routed | Step::ReleaseAndRetry | Step::Splice => unreachable!("not a pressure step"),
+            }
+        }
+        unreachable!("the pressure rung ends with the driver")
+    }
+
+    /// The out-of-memory rung ([`steps`]): its steps in order until one serves. `Err` carries
+    /// the retry's error: a device error other than out-of-memory ends the walk at once.
+    #[cold]
+    pub fn after_out_of_memory(&mut self, release_and_retry: bool, err: DeviceError) -> Result<Served, DeviceError> {
+        let mut last = err;
+        for &step in steps(Rung::OutOfMemory { release_and_retry }) {
+            let found = match step {
+                Step::ReleaseAndRetry => {
+                    let released = self.st.release_idle(self.dev);
+                    let si = self.routed;
+                    match self.st.strategies[si].allocate(self.dev, self.aligned, self.stream) {
+                        Ok(g) => {
+                            tracing::info!(
+                                requested = self.aligned,
+                                released,
+                                "out of memory: released idle memory and retried"
+                            );
+                            Some((g, si))
+                        }
+                        Err(e) if e.is_out_of_memory() => {
+                            last = e;
+                            None
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Step::HeldHole { strict } => self.held_hole(strict),
+                // The routed strategy has just failed: the driver only through another one.
+                Step::Driver => Some(self.driver_target()).filter(|&i| i != self.routed).and_then(|i| {
+                    let g = self.st.strategies[i]
+                        .allocate(self.dev, self.aligned, self.stream)
+                        .ok()?;
+                    Some((g, i))
+                }),
+                Step::Splice => self.splice(),
+                Step::Routed => unreachable!("not a step after out-of-memory"),
+            };
+            if let Some(found) = found {
+                if step != Step::ReleaseAndRetry {
+                    tracing::info!(
+                        requested = self.aligned,
+                        ?step,
+                        "out of memory: served by a fallback step"
+                    );
+                }
+                return Ok(found);
+            }
+        }
+        Err(last)
+    }
+
+    /// Where [`Step::Driver`] goes: the passthrough strategy, else the routed one.
+    fn driver_target(&self) -> usize {
+        self.st.passthrough_at.unwrap_or(self.routed)
+    }
+
+    /// [`Step::HeldHole`]: memory the allocator already holds that fits the request, in any
+    /// strategy. No driver call.
+    fn held_hole(&mut self, strict: bool) -> Option<Served> {
+        let (dev, aligned, stream) = (self.dev, self.aligned, self.stream);
+        self.st.strategies.iter_mut().enumerate().find_map(|(i, s)| {
+            let hit = match s {
+                Strategy::Suballoc(sub) => sub.allocate_existing(dev, aligned, stream, strict),
+                Strategy::Caching(c) => c.allocate_cached(dev, aligned, stream),
+                Strategy::Passthrough(_) => None,
+            };
+            hit.map(|g| (g, i))
+        })
+    }
+
+    /// [`Step::Splice`], in the first suballocator that can.
+    fn splice(&mut self) -> Option<Served> {
+        let (dev, aligned, stream) = (self.dev, self.aligned, self.stream);
+        self.st.strategies.iter_mut().enumerate().find_map(|(i, s)| match s {
+            Strategy::Suballoc(sub) => sub.allocate_spliced(dev, aligned, stream).map(|g| (g, i)),
+            _ => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table in the module's documentation, row by row.
+    #[test]
+    fn each_rung_tries_its_steps_in_order() {
+        use Step::*;
+        let rows: [(&str, Rung, &[Step]); 4] = [
+            ("roomy: the routed strategy alone", Rung::Roomy, &[Routed]),
+            (
+                "pressure: a hole that pins nothing new, then the driver",
+                Rung::Pressure,
+                &[HeldHole { strict: true }, Driver],
+            ),
+            (
+                "out of memory: release and retry, any hole, the driver, a splice",
+                Rung::OutOfMemory {
+                    release_and_retry: true,
+                },
+                &[ReleaseAndRetry, HeldHole { strict: false }, Driver, Splice],
+            ),
+            (
+                "out of memory without release: nothing more",
+                Rung::OutOfMemory {
+                    release_and_retry: false,
+                },
+                &[],
+            ),
+        ];
+        for (name, rung, want) in rows {
+            assert_eq!(steps(rung), want, "{name}");
+        }
+    }
+
+    use std::sync::Arc;
+
+    use crate::allocator::{Allocator, AllocatorConfig, StrategyConfig};
+    use crate::device::SimDevice;
+    use crate::policy::{Policy, SizeOrFraction};
+    use crate::size::MIB;
+
+    /// Under pressure a hole in a slab serves before the driver; with no hole, the driver
+    /// serves at the request's size (swapping the two steps fails it).
+    #[test]
+    fn pressure_fills_a_hole_before_calling_the_driver() {
+        let mut policy = Policy::default();
+        policy.bounds.low_watermark = SizeOrFraction::Fraction(1.0); // always under it
+        policy.bounds.headroom = SizeOrFraction::Bytes(0);
+        let alloc = Allocator::with_policy(Arc::new(SimDevice::new(256 * MIB)), policy);
+        let blocks: Vec<_> = (0..4).map(|_| alloc.allocate(MIB, 0).unwrap()).collect();
+        let calls = alloc.stats().driver_allocs;
+        drop(blocks);
+        let hole = alloc.allocate(MIB, 0).unwrap();
+        assert_eq!(alloc.stats().driver_allocs, calls, "the freed slab space served it");
+        let big = alloc.allocate(3 * MIB + 256, 0).unwrap();
+        assert_eq!(
+            alloc.stats().driver_allocs,
+            calls + 1,
+            "one exact-size driver allocation"
+        );
+        drop((hole, big));
+    }
+
+    /// Out of memory: with release and retry, idle memory goes back and the request is served;
+    /// without, the request fails and the idle memory stays.
+    #[test]
+    fn out_of_memory_releases_and_retries_only_when_asked() {
+        for release_on_oom in [true, false] {
+            let dev = Arc::new(SimDevice::new(64 * MIB));
+            let config = AllocatorConfig {
+                release_on_oom,
+                ..AllocatorConfig::new(StrategyConfig::default_for(crate::StrategyKind::Caching))
+            };
+            let alloc = Allocator::new(dev, config);
+            drop(alloc.allocate(40 * MIB, 0).unwrap()); // cached, idle
+            let got = alloc.allocate(48 * MIB, 0);
+            let stats = alloc.stats();
+            assert_eq!(got.is_ok(), release_on_oom, "release_on_oom = {release_on_oom}");
+            assert_eq!(stats.oom_recoveries, u64::from(release_on_oom));
+            assert_eq!(stats.failed_allocs, u64::from(!release_on_oom));
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! What a sample of the device means, as a pure function: [`assess`] takes what the controller
+//! measured and the policy's limits, and returns a [`Plan`] (modes, the idle bound, the strand
+//! budget, the slab limit, growth and segregation). It touches no strategy and no device; the
+//! controller applies the plan. Every rule has a table-driven unit test below, named after it.
+
+use super::constants::{CYCLE_FALL_DIVISOR, STRAND_CLEAR_DIVISOR, TIGHT_ENTER_STRAND_DIVISOR, TIGHT_EXIT_FREE_FACTOR};
+use super::{Policy, RoutingMode, Segregate};
+
+/// The policy's bounds resolved on one device, and the settings `assess` reads.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Limits {
+    pub headroom: u64,
+    pub low_watermark: u64,
+    pub tight_below: u64,
+    pub pressure_max_idle: u64,
+    pub max_idle: u64,
+    /// Operations before the first routing decision: no cycle is judged before it.
+    pub interval_ops: u64,
+    pub peak_growth: f64,
+    pub strand_share: f64,
+    pub spare_share: f64,
+    /// Adaptive routing with the strand guard on.
+    pub guard: bool,
+    /// The device has fewer than [`TINY_DEVICE_PAGES`](super::constants::TINY_DEVICE_PAGES) pages.
+    pub tiny_device: bool,
+    pub segregate: Segregate,
+    pub growth: f64,
+    pub loose_growth: f64,
+}
+
+impl Limits {
+    pub fn new(policy: &Policy, total: u64, tiny_device: bool) -> Self {
+        let b = &policy.bounds;
+        Limits {
+            headroom: b.headroom.resolve(total),
+            low_watermark: b.low_watermark.resolve(total),
+            tight_below: b.tight_below.resolve(total),
+            pressure_max_idle: b.pressure_max_idle.resolve(total),
+            max_idle: b.max_idle.resolve(total),
+            interval_ops: policy.routing.interval_ops,
+            peak_growth: b.peak_growth,
+            strand_share: b.strand_share,
+            spare_share: b.spare_share,
+            guard: policy.routing.mode == RoutingMode::Adaptive && policy.suballoc.strand_guard,
+            tiny_device,
+            segregate: policy.suballoc.segregate,
+            growth: policy.suballoc.growth,
+            loose_growth: policy.suballoc.loose_growth,
+        }
+    }
+}
+
+/// What the controller measured at one sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sample {
+    pub op: u64,
+    /// Free device memory.
+    pub free: u64,
+    /// What the strategies hold, and the idle part of it.
+    pub reserved: u64,
+    pub idle: u64,
+    /// What the slabs hold beyond the driver's footprint of their live blocks.
+    pub stranded: u64,
+    /// Passthrough's footprint of the live blocks now, and its peak so far.
+    pub footprint: u64,
+    pub footprint_peak: u64,
+}
+
+/// What the previous samples decided and this one may change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Prior {
+    pub tight: bool,
+    pub cycle_seen: bool,
+}
+
+/// Why idle memory is bounded where it is (the decision log's words).
+pub(crate) const OVER_PEAK: &str =
+    "idle memory over the workload's peak plus bounds.spare_share of the memory free at it";
+pub(crate) const OVER_MAX_IDLE: &str = "idle memory over policy bounds.max_idle";
+pub(crate) const UNDER_HEADROOM: &str = "free device memory under the headroom";
+pub(crate) const UNDER_WATERMARK: &str = "free device memory under the low watermark";
+
+/// The controller's orders for the next interval.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Plan {
+    /// The workload has shown a cycle (now or before).
+    pub cycle_seen: bool,
+    /// Memory expected free at the workload's peak, counting what the allocator holds.
+    pub spare: u64,
+    /// How much the slabs may strand; None when the guard is off.
+    pub strand_budget: Option<u64>,
+    /// The bound the cache and the slabs apply to idle memory on frees until the next sample.
+    pub on_free_idle: u64,
+    /// Idle memory to keep now, and why.
+    pub idle_target: u64,
+    pub reason: &'static str,
+    /// Release pages inside slabs in use (only when others need the memory now).
+    pub unmap_pages: bool,
+    /// Free memory is under the low watermark: place compactly, keep at most
+    /// `pressure_max_idle`.
+    pub pressure: bool,
+    /// Tight mode: small requests get exact-size blocks, slabs grow by `growth` and segregate
+    /// when the policy says `when-tight`.
+    pub tight: bool,
+    /// The most a new slab may take beyond its request: free memory less the headroom.
+    pub slab_limit: u64,
+    pub segregate: bool,
+    pub growth: f64,
+}
+
+/// The plan for one sample. Pure: the same inputs always give the same plan.
+pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
+    let cycle_seen = cycle_seen(s, lim, prior.cycle_seen);
+    let spare = spare_at_peak(s, lim, cycle_seen);
+    let strand_budget = lim.guard.then_some((spare as f64 * lim.strand_share) as u64);
+    let (on_free_idle, mut idle_target, mut reason) = idle_bound(s, lim, prior.tight, spare, strand_budget);
+    let mut unmap_pages = false;
+    if s.free < lim.headroom {
+        let short = lim.headroom - s.free;
+        if s.idle.saturating_sub(short) < idle_target {
+            idle_target = s.idle.saturating_sub(short);
+            reason = UNDER_HEADROOM;
+            unmap_pages = true;
+        }
+    }
+    let pressure = s.free < lim.low_watermark;
+    if pressure && lim.pressure_max_idle < idle_target {
+        idle_target = lim.pressure_max_idle;
+        reason = UNDER_WATERMARK;
+        unmap_pages = true;
+    }
+    let tight = tight(s, lim, prior.tight, strand_budget);
+    Plan {
+        cycle_seen,
+        spare,
+        strand_budget,
+        on_free_idle,
+        idle_target,
+        reason,
+        unmap_pages,
+        pressure,
+        tight,
+        slab_limit: s.free.saturating_sub(lim.headroom),
+        segregate: match lim.segregate {
+            Segregate::Always => true,
+            Segregate::Never => false,
+            Segregate::WhenTight => tight,
+        },
+        growth: if tight { lim.growth } else { lim.loose_growth },
+    }
+}
+
+/// A cycle is seen once the footprint falls under half its peak after the first routing interval.
+fn cycle_seen(s: &Sample, lim: &Limits, seen: bool) -> bool {
+    seen || (s.op >= lim.interval_ops && s.footprint < s.footprint_peak / CYCLE_FALL_DIVISOR)
+}
+
+/// The memory expected free at the workload's peak, counting what the allocator holds as its
+/// own: free plus reserved, less the peak. The peak is passthrough's footprint at its highest
+/// so far, times `bounds.peak_growth` until a cycle is seen.
+fn spare_at_peak(s: &Sample, lim: &Limits, cycle_seen: bool) -> u64 {
+    let peak = s.footprint_peak as f64;
+    let expected_peak = if cycle_seen { peak } else { peak * lim.peak_growth };
+    ((s.free + s.reserved) as f64 - expected_peak).max(0.0) as u64
+}
+
+/// The bound on idle memory on frees, and the idle memory kept now with its reason:
+/// `bounds.max_idle`, or, while the slabs strand at most a quarter of the guard's budget (with
+/// the guard off: outside tight mode), as much as keeps what the allocator holds within the
+/// workload's peak so far plus `bounds.spare_share` of the memory expected free at the peak:
+/// what one cycle frees is then kept for the next (a serving loop frees nearly all it holds
+/// between requests). Tight mode itself needs no test of its own here: without one,
+/// gpu-medium-ctx256-infer at 1.1x passthrough's minimum makes 265 driver calls instead of 477,
+/// with the same failures everywhere.
+fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<u64>) -> (u64, u64, &'static str) {
+    let clear = budget.map_or(!tight, |b| s.stranded <= b / STRAND_CLEAR_DIVISOR);
+    let hold = if !clear || lim.spare_share <= 0.0 {
+        0
+    } else {
+        s.footprint_peak + (spare as f64 * lim.spare_share) as u64
+    };
+    let on_free = lim.max_idle.max(hold);
+    let to_peak = hold.saturating_sub(s.footprint);
+    if to_peak > lim.max_idle {
+        (on_free, to_peak, OVER_PEAK)
+    } else {
+        (on_free, lim.max_idle, OVER_MAX_IDLE)
+    }
+}
+
+/// Tight mode: entered when free memory is under `bounds.tight_below` while the slabs strand
+/// more than half the guard's budget (small blocks then leave the slabs, so stranded pages
+/// drain); left above 1.5x `tight_below` or once stranding is down to a quarter of the budget.
+/// With the guard off, free memory alone decides; so it does on a tiny device, where one
+/// stranded page is a large share of what the device can spare.
+fn tight(s: &Sample, lim: &Limits, was: bool, budget: Option<u64>) -> bool {
+    let strands = |div: u64| lim.tiny_device || budget.is_none_or(|b| s.stranded > b / div);
+    if was {
+        (s.free as f64) < lim.tight_below as f64 * TIGHT_EXIT_FREE_FACTOR && strands(STRAND_CLEAR_DIVISOR)
+    } else {
+        s.free < lim.tight_below && strands(TIGHT_ENTER_STRAND_DIVISOR)
+    }
+}
+
+/// Whether a release over the idle bound spares the cache: when the bound is passed mostly
+/// because of free space inside slabs with live blocks (what can be released falls short of
+/// the need), releasing cached blocks would not meet it and would strip the cache of blocks
+/// soon asked for again; empty slabs still go. Never under the headroom or under pressure.
+pub(crate) fn keep_cache(free: u64, lim: &Limits, pressure: bool, can_release: u64, need: u64) -> bool {
+    free >= lim.headroom && !pressure && can_release < need
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::size::{GIB, MIB};
+
+    fn limits() -> Limits {
+        Limits {
+            headroom: 2 * GIB,
+            low_watermark: GIB,
+            tight_below: 8 * GIB,
+            pressure_max_idle: 64 * MIB,
+            max_idle: 512 * MIB,
+            interval_ops: 1000,
+            peak_growth: 1.25,
+            strand_share: 0.1,
+            spare_share: 0.5,
+            guard: true,
+            tiny_device: false,
+            segregate: Segregate::WhenTight,
+            growth: 0.25,
+            loose_growth: 1.0,
+        }
+    }
+
+    fn sample() -> Sample {
+        Sample {
+            op: 5000,
+            free: 40 * GIB,
+            reserved: 10 * GIB,
+            idle: GIB,
+            stranded: 0,
+            footprint: 9 * GIB,
+            footprint_peak: 10 * GIB,
+        }
+    }
+
+    #[test]
+    fn roomy_device_keeps_idle_to_the_peak_plus_a_share_of_the_spare() {
+        let p = assess(&sample(), &limits(), Prior::default());
+        // No cycle yet (9 of a 10 GiB peak): spare = 40 + 10 - 12.5 = 37.5 GiB.
+        assert!(!p.cycle_seen);
+        assert_eq!(p.spare, 37 * GIB + 512 * MIB);
+        assert_eq!(p.strand_budget, Some((p.spare as f64 * 0.1) as u64));
+        let hold = 10 * GIB + (p.spare as f64 * 0.5) as u64;
+        assert_eq!(
+            (p.on_free_idle, p.idle_target, p.reason),
+            (hold, hold - 9 * GIB, OVER_PEAK)
+        );
+        assert!(!p.tight && !p.pressure && !p.unmap_pages && !p.segregate);
+        assert_eq!((p.slab_limit, p.growth), (38 * GIB, 1.0));
+    }
+
+    /// The rules one at a time: each row changes the sample or the limits and names what the
+    /// plan must then say.
+    #[test]
+    fn rules() {
+        type Row = (
+            &'static str,
+            fn(&mut Sample, &mut Limits, &mut Prior),
+            fn(&Plan) -> bool,
+        );
+        let rows: [Row; 12] = [
+            (
+                "cycle: footprint under half its peak after the first interval",
+                |s, _, _| s.footprint = 4 * GIB,
+                |p| p.cycle_seen && p.spare == 40 * GIB,
+            ),
+            (
+                "no cycle judged before the first interval",
+                |s, _, _| (s.footprint, s.op) = (4 * GIB, 999),
+                |p| !p.cycle_seen,
+            ),
+            (
+                "a cycle once seen stays seen",
+                |_, _, pr| pr.cycle_seen = true,
+                |p| p.cycle_seen,
+            ),
+            (
+                "guard off: no strand budget",
+                |_, l, _| l.guard = false,
+                |p| p.strand_budget.is_none(),
+            ),
+            (
+                "stranding over a quarter of the budget: idle bounded by max_idle",
+                |s, _, _| s.stranded = GIB,
+                |p| p.idle_target == 512 * MIB && p.on_free_idle == 512 * MIB && p.reason == OVER_MAX_IDLE,
+            ),
+            (
+                "under the headroom: keep only what leaves free at the headroom, unmap pages",
+                |s, _, _| (s.free, s.idle) = (GIB + 512 * MIB, GIB),
+                |p| p.idle_target == 512 * MIB && p.reason == UNDER_HEADROOM && p.unmap_pages,
+            ),
+            (
+                "under the low watermark: pressure, keep pressure_max_idle",
+                |s, _, _| (s.free, s.idle) = (512 * MIB, 4 * GIB),
+                |p| p.pressure && p.idle_target == 64 * MIB && p.reason == UNDER_WATERMARK && p.unmap_pages,
+            ),
+            (
+                "tight needs stranding over half the budget",
+                |s, _, _| (s.free, s.stranded) = (7 * GIB, 0),
+                |p| !p.tight,
+            ),
+            (
+                "tight: free under tight_below and stranding over half the budget",
+                |s, _, _| (s.free, s.stranded) = (7 * GIB, 2 * GIB),
+                |p| p.tight && p.segregate && p.growth == 0.25,
+            ),
+            (
+                "a tiny device is tight on free memory alone",
+                |s, l, _| (s.free, l.tiny_device) = (7 * GIB, true),
+                |p| p.tight,
+            ),
+            (
+                "tight stays below 1.5x tight_below while stranding is over a quarter",
+                |s, _, pr| (s.free, s.stranded, pr.tight) = (11 * GIB + 512 * MIB, 2 * GIB, true),
+                |p| p.tight,
+            ),
+            (
+                "tight is left at 1.5x tight_below",
+                |s, _, pr| (s.free, s.stranded, pr.tight) = (12 * GIB, 2 * GIB, true),
+                |p| !p.tight,
+            ),
+        ];
+        for (name, change, expect) in rows {
+            let (mut s, mut l, mut prior) = (sample(), limits(), Prior::default());
+            change(&mut s, &mut l, &mut prior);
+            let plan = assess(&s, &l, prior);
+            assert!(expect(&plan), "{name}: {plan:?}");
+        }
+    }
+
+    #[test]
+    fn tight_is_left_once_stranding_drains_to_a_quarter() {
+        let (mut s, l) = (sample(), limits());
+        s.free = 7 * GIB;
+        let budget = assess(&s, &l, Prior::default()).strand_budget.unwrap();
+        s.stranded = budget / 4;
+        let prior = Prior {
+            tight: true,
+            cycle_seen: false,
+        };
+        assert!(!assess(&s, &l, prior).tight);
+        s.stranded += 1;
+        assert!(assess(&s, &l, prior).tight);
+    }
+
+    #[test]
+    fn keep_cache_only_with_room_and_too_little_to_release() {
+        let l = limits();
+        assert!(keep_cache(4 * GIB, &l, false, MIB, GIB));
+        assert!(!keep_cache(4 * GIB, &l, false, GIB, GIB), "enough to release");
+        assert!(!keep_cache(GIB, &l, false, MIB, GIB), "under the headroom");
+        assert!(!keep_cache(4 * GIB, &l, true, MIB, GIB), "under pressure");
+    }
+}

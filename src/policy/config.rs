@@ -1,0 +1,447 @@
+//! The policy schema: the built-in default, the TOML files in `policies/` and what the tuner
+//! recommends, with validation of every value. Every key is documented in
+//! `policies/default.toml`.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::error::ConfigError;
+use crate::size::ByteSize;
+use crate::strategy::StrategyKind;
+
+/// A size, or a fraction of the device's total memory ("5%", 0.05).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SizeOrFraction {
+    Bytes(u64),
+    Fraction(f64),
+}
+
+impl SizeOrFraction {
+    /// Bytes on a device of `total` bytes.
+    pub fn resolve(self, total: u64) -> u64 {
+        match self {
+            SizeOrFraction::Bytes(b) => b,
+            SizeOrFraction::Fraction(f) => (total as f64 * f) as u64,
+        }
+    }
+}
+
+impl fmt::Display for SizeOrFraction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SizeOrFraction::Bytes(b) => write!(f, "{}", ByteSize(*b)),
+            SizeOrFraction::Fraction(x) => write!(f, "{}%", (x * 1000.0).round() / 10.0),
+        }
+    }
+}
+
+impl Serialize for SizeOrFraction {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            SizeOrFraction::Bytes(b) => ByteSize(*b).serialize(s),
+            SizeOrFraction::Fraction(_) => s.serialize_str(&self.to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SizeOrFraction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = SizeOrFraction;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size (\"512MiB\", 4096) or a fraction of device memory (\"5%\", 0.05)")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(SizeOrFraction::Bytes(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                u64::try_from(v)
+                    .map(SizeOrFraction::Bytes)
+                    .map_err(|_| E::custom(format!("cannot be negative (got {v})")))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                if (0.0..=1.0).contains(&v) {
+                    Ok(SizeOrFraction::Fraction(v))
+                } else {
+                    Err(E::custom(format!(
+                        "a fraction must be within 0..1 (got {v}); write sizes as \"512MiB\""
+                    )))
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                if let Some(pct) = v.trim().strip_suffix('%') {
+                    let x: f64 = pct
+                        .trim()
+                        .parse()
+                        .map_err(|_| E::custom(format!("bad percentage {v:?}")))?;
+                    if !(0.0..=100.0).contains(&x) {
+                        return Err(E::custom(format!("a percentage must be within 0..100 (got {v:?})")));
+                    }
+                    return Ok(SizeOrFraction::Fraction(x / 100.0));
+                }
+                v.parse::<ByteSize>()
+                    .map(|b| SizeOrFraction::Bytes(b.0))
+                    .map_err(E::custom)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// How requests are routed to strategies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingPolicy {
+    /// `adaptive`: the engine routes each size class and re-routes as the workload changes.
+    /// Any strategy name (`passthrough`, `caching`, `suballoc`): every request goes there.
+    pub mode: RoutingMode,
+    /// Requests at least this big always go to passthrough (a slab or cache would only add waste).
+    pub passthrough_min: ByteSize,
+    /// A size class whose requests use at most this many distinct sizes, and whose freed blocks
+    /// are wanted again, is cached (exact-size blocks: no fragmentation, O(1) reuse).
+    pub cache_max_distinct_sizes: u32,
+    /// Fraction of a class's requests that must find a freed block of their size waiting for the
+    /// class to be cached.
+    pub cache_min_reuse: f64,
+    /// ... and whose blocks are at most this many live at once: then a cache needs that many
+    /// driver allocations in all, fewer than slabs would. A class the slabs serve without
+    /// driver calls stays there when the memory held plus its blocks cached would pass
+    /// `bounds.max_idle`.
+    pub cache_max_live_blocks: u64,
+    /// Operations between routing decisions.
+    pub interval_ops: u64,
+    /// Requests a class needs in a window before its route may change.
+    pub min_samples: u64,
+    /// Consecutive windows that must agree before a route changes (no flapping).
+    pub hysteresis: u32,
+    /// While the device is tight (`bounds.tight_below`), requests under 1 MiB get exact-size
+    /// cached blocks instead of slab space: a slab page holding one small live block pins 2 MiB.
+    pub small_exact_when_tight: bool,
+}
+
+/// `adaptive`, or one fixed strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoutingMode {
+    Adaptive,
+    Passthrough,
+    Caching,
+    Suballoc,
+}
+
+impl RoutingMode {
+    pub fn fixed(self) -> Option<StrategyKind> {
+        match self {
+            RoutingMode::Adaptive => None,
+            RoutingMode::Passthrough => Some(StrategyKind::Passthrough),
+            RoutingMode::Caching => Some(StrategyKind::Caching),
+            RoutingMode::Suballoc => Some(StrategyKind::Suballoc),
+        }
+    }
+}
+
+impl Default for RoutingPolicy {
+    fn default() -> Self {
+        RoutingPolicy {
+            mode: RoutingMode::Adaptive,
+            passthrough_min: ByteSize(4 << 30),
+            cache_max_distinct_sizes: 2,
+            cache_min_reuse: 0.9,
+            cache_max_live_blocks: 4,
+            interval_ops: 1024,
+            min_samples: 32,
+            hysteresis: 2,
+            small_exact_when_tight: true,
+        }
+    }
+}
+
+/// Bounds on idle memory, from the device's free memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BoundsPolicy {
+    /// Device memory kept free for others (other processes; cuBLAS, NCCL): idle memory is
+    /// released whenever free memory would fall under it.
+    pub headroom: SizeOrFraction,
+    /// Under this much free device memory, idle memory is shrunk to `pressure_max_idle`.
+    pub low_watermark: SizeOrFraction,
+    /// Under this much free device memory the device is "tight": new slabs are segregated by
+    /// size class (see `suballoc.segregate`).
+    pub tight_below: SizeOrFraction,
+    /// Idle memory kept while free memory is under the low watermark.
+    pub pressure_max_idle: SizeOrFraction,
+    /// Idle memory kept beyond this only as `spare_share` allows ("100%": unbounded).
+    pub max_idle: SizeOrFraction,
+    /// Idle blocks and empty slabs not reused within this many operations are released (0: never).
+    pub idle_age_ops: u64,
+    /// Operations between mem_info samples when no driver call forces one.
+    pub mem_info_interval_ops: u64,
+    /// Share of the memory expected free at the workload's peak that live blocks in slabs may
+    /// strand: hold beyond what the driver would consume for them, where no release reaches
+    /// (a small block alone in a 2 MiB page). Over it, a slab placement that would strand more
+    /// gets an exact-size cached block instead (see `suballoc.strand_guard`). 0: never hold more
+    /// than passthrough would; larger values let slabs pack more freely.
+    pub strand_share: f64,
+    /// Until the workload has shown a cycle (live memory fell under half its peak), its peak
+    /// is taken to be this multiple of the peak so far when estimating the memory free at the
+    /// peak; afterwards the peak so far.
+    pub peak_growth: f64,
+    /// While the slabs strand at most a quarter of the strand guard's budget (with the guard
+    /// off: outside tight mode), idle memory may pass `max_idle` as long as what the allocator
+    /// holds stays within the workload's peak footprint so far plus this share of the memory
+    /// expected free at the peak (see `peak_growth`): what one cycle frees (a request, a step)
+    /// is kept for the next. 0: `max_idle` alone bounds idle memory.
+    pub spare_share: f64,
+}
+
+impl Default for BoundsPolicy {
+    fn default() -> Self {
+        BoundsPolicy {
+            headroom: SizeOrFraction::Fraction(0.05),
+            low_watermark: SizeOrFraction::Fraction(0.03),
+            tight_below: SizeOrFraction::Fraction(0.35),
+            pressure_max_idle: SizeOrFraction::Bytes(0),
+            max_idle: SizeOrFraction::Fraction(0.25),
+            idle_age_ops: 200_000,
+            mem_info_interval_ops: 1024,
+            strand_share: 0.5,
+            peak_growth: 3.0,
+            spare_share: 0.5,
+        }
+    }
+}
+
+/// Settings of the caching strategy when a class is cached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CachingPolicy {
+    /// `granule`: blocks are the request rounded to what the driver really consumes (no extra
+    /// memory over passthrough); `log-linear`: 8 classes per power of two (<= 12.5% rounding,
+    /// more reuse across near sizes).
+    pub rounding: crate::strategy::Rounding,
+}
+
+impl Default for CachingPolicy {
+    fn default() -> Self {
+        CachingPolicy {
+            rounding: crate::strategy::Rounding::Granule,
+        }
+    }
+}
+
+/// Settings of the suballocator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SuballocPolicy {
+    pub min_slab: ByteSize,
+    pub max_slab: ByteSize,
+    /// A new slab is about `growth` x the bytes its pool already reserves (the largest power of
+    /// two under it for small requests; a whole number of requests for pools of 1 MiB and up),
+    /// while the device is tight (free memory under `bounds.tight_below`).
+    pub growth: f64,
+    /// The same while the device has room: larger slabs, fewer driver calls.
+    pub loose_growth: f64,
+    /// Segregate slabs by size class (under 1 MiB; then one pool per power of two), so holes
+    /// left by freed blocks fit the next request of their class: `always`, `never`, or
+    /// `when-tight` (while free device memory is under `bounds.tight_below`: mixed slabs make
+    /// fewer driver calls, segregated ones fragment less).
+    pub segregate: Segregate,
+    /// Where the device has virtual memory management, back slabs page by page and give back
+    /// pages no live block touches when memory runs short (free space inside slabs is then
+    /// never stranded).
+    pub page_release: bool,
+    /// Under the adaptive policy, refuse slab placements that would strand memory beyond
+    /// `bounds.strand_share` of the memory expected free at the peak; such requests get
+    /// exact-size cached blocks. With it, what the allocator holds where no release can reach
+    /// stays within what the device can spare at the workload's peak.
+    pub strand_guard: bool,
+}
+
+/// When the suballocator segregates slabs by size class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Segregate {
+    Always,
+    Never,
+    WhenTight,
+}
+
+impl Default for SuballocPolicy {
+    fn default() -> Self {
+        SuballocPolicy {
+            min_slab: ByteSize(2 << 20),
+            max_slab: ByteSize(1 << 30),
+            growth: 0.25,
+            loose_growth: 0.25,
+            segregate: Segregate::Never,
+            page_release: true,
+            strand_guard: true,
+        }
+    }
+}
+
+/// What to do when the device refuses.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OomPolicy {
+    /// Release idle memory (cached blocks, then empty slabs) and retry before failing.
+    pub release_and_retry: bool,
+}
+
+impl Default for OomPolicy {
+    fn default() -> Self {
+        OomPolicy {
+            release_and_retry: true,
+        }
+    }
+}
+
+/// A whole policy. Every section and key is optional in a file: what is absent keeps the
+/// built-in default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policy {
+    /// A note on what this policy is for.
+    pub description: String,
+    pub routing: RoutingPolicy,
+    pub bounds: BoundsPolicy,
+    pub caching: CachingPolicy,
+    pub suballoc: SuballocPolicy,
+    pub oom: OomPolicy,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            description: DEFAULT_DESCRIPTION.into(),
+            routing: RoutingPolicy::default(),
+            bounds: BoundsPolicy::default(),
+            caching: CachingPolicy::default(),
+            suballoc: SuballocPolicy::default(),
+            oom: OomPolicy::default(),
+        }
+    }
+}
+
+const DEFAULT_DESCRIPTION: &str =
+    "zero-configuration default: adaptive routing, bounded idle memory, release and retry on OOM";
+
+/// The presets shipped in `policies/`, by name.
+pub const PRESETS: [(&str, &str); 6] = [
+    ("default", include_str!("../../policies/default.toml")),
+    ("training", include_str!("../../policies/training.toml")),
+    ("inference-edge", include_str!("../../policies/inference-edge.toml")),
+    ("multi-tenant", include_str!("../../policies/multi-tenant.toml")),
+    (
+        "benchmark-unbounded",
+        include_str!("../../policies/benchmark-unbounded.toml"),
+    ),
+    ("passthrough", include_str!("../../policies/passthrough.toml")),
+];
+
+impl Policy {
+    /// Parses a policy from TOML text; `file` names it in errors. Nothing half-read is returned:
+    /// either the whole file is valid or an error names the file, line and key.
+    pub fn from_toml_str(text: &str, file: &str) -> Result<Self, ConfigError> {
+        let policy: Policy = crate::config::parse(text, file)?;
+        policy.validate(file)?;
+        Ok(policy)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let (file, text) = crate::config::read_file(path)?;
+        Self::from_toml_str(&text, &file)
+    }
+
+    /// A preset by name (see [`PRESETS`]).
+    pub fn preset(name: &str) -> Option<Self> {
+        let (_, text) = PRESETS.iter().find(|(n, _)| *n == name)?;
+        Some(Self::from_toml_str(text, &format!("policies/{name}.toml")).expect("presets parse (tested)"))
+    }
+
+    /// The policy named by `ADAPTALLOC_POLICY` (a file path or a preset name), else the default.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        match std::env::var("ADAPTALLOC_POLICY") {
+            Ok(v) if !v.trim().is_empty() => Self::load(v.trim()),
+            _ => Ok(Self::default()),
+        }
+    }
+
+    /// A preset by name, or else a policy file by path (a file of a preset's name wins).
+    pub fn load(name_or_path: &str) -> Result<Self, ConfigError> {
+        match Self::preset(name_or_path) {
+            Some(p) if !Path::new(name_or_path).exists() => Ok(p),
+            _ => Self::from_file(Path::new(name_or_path)),
+        }
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a policy always serializes")
+    }
+
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let bad = |key: &str, value: String, reason: &str| {
+            Err(ConfigError::Invalid {
+                file: file.into(),
+                key: key.into(),
+                value,
+                reason: reason.into(),
+            })
+        };
+        let r = &self.routing;
+        if !(0.0..=1.0).contains(&r.cache_min_reuse) {
+            return bad(
+                "routing.cache_min_reuse",
+                r.cache_min_reuse.to_string(),
+                "a fraction within 0..1",
+            );
+        }
+        if r.interval_ops == 0 {
+            return bad("routing.interval_ops", "0".into(), "at least 1 operation");
+        }
+        let s = &self.suballoc;
+        if s.min_slab.0 == 0 || s.min_slab > s.max_slab {
+            return bad(
+                "suballoc.min_slab",
+                format!("{} (max_slab {})", s.min_slab, s.max_slab),
+                "need 0 < min_slab <= max_slab",
+            );
+        }
+        if !(0.0..=16.0).contains(&s.growth) || s.growth.is_nan() {
+            return bad(
+                "suballoc.growth",
+                s.growth.to_string(),
+                "a factor within 0..16 (0.25 is typical)",
+            );
+        }
+        let b = &self.bounds;
+        if !(b.strand_share >= 0.0 && b.strand_share.is_finite()) {
+            return bad(
+                "bounds.strand_share",
+                b.strand_share.to_string(),
+                "a share of 0 or more (0.5 is the default; 0 never strands)",
+            );
+        }
+        if !(1.0..=1000.0).contains(&b.peak_growth) {
+            return bad(
+                "bounds.peak_growth",
+                b.peak_growth.to_string(),
+                "a factor within 1..1000 (3 is the default)",
+            );
+        }
+        if !(0.0..=1.0).contains(&b.spare_share) {
+            return bad(
+                "bounds.spare_share",
+                b.spare_share.to_string(),
+                "a share within 0..1 (0.5 is the default; 0 bounds idle memory by max_idle alone)",
+            );
+        }
+        if self.bounds.mem_info_interval_ops == 0 {
+            return bad("bounds.mem_info_interval_ops", "0".into(), "at least 1 operation");
+        }
+        Ok(())
+    }
+}

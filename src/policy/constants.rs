@@ -1,0 +1,55 @@
+//! Every internal ratio and limit of the policy engine and the suballocator in one table, each
+//! with its reason. None is a policy key: each was chosen on the capacity grids of the traces
+//! and bundled workloads, and the comment says what the alternatives did. The rules that use
+//! them are unit-tested by name (`assess.rs`, `classify.rs`).
+
+/// Recent lifetimes and reuse distances kept per size class, for the report's percentiles.
+pub const RING: usize = 128;
+
+/// Size classes under 1 MiB (2^20): what the driver packs at 512 B instead of whole pages. Tight
+/// mode sends these classes to exact-size caching (`routing.small_exact_when_tight`).
+pub const SMALL_BUCKETS: usize = 20;
+
+/// Distinct sizes tracked per class and window; more counts as "varied" (no exact-size cache).
+pub const SIZES: usize = 4;
+
+/// A device of fewer pages than this (16 MiB with 2 MiB pages) enters tight mode on free memory
+/// alone: there one page stranded by frees is over 12% of the device. Waiting for the slabs to
+/// strand failed small-churn (7 pages) at 7 of 301 capacities on a 0.05% grid up to 1.15x.
+/// At 16 pages the same workload at 1.5x peak live repeated 10 times made 227,634 driver calls,
+/// not 143,034; forecasting the spare at the peak instead left a failure at 1.0205x.
+pub const TINY_DEVICE_PAGES: u64 = 8;
+
+/// Tight mode is entered when the slabs strand more than the strand budget divided by this
+/// (half of it): the other half is for what frees strand before the next sample, which the
+/// guard cannot refuse. Entering at the whole budget made 7x fewer driver calls on
+/// cpu-mobilenetv2-train repeated 10 times at 1.5x peak live (1,087 against 7,985, both under 1%
+/// of passthrough's), but let small-churn fail at 14 capacities from 1.0x to 1.115x.
+pub const TIGHT_ENTER_STRAND_DIVISOR: u64 = 2;
+
+/// Tight mode is left once stranding is down to the budget divided by this (a quarter), and
+/// `bounds.spare_share` keeps idle memory only under the same test. Leaving at half of it made
+/// small-churn fail at 1.005x; keeping idle memory beyond it let kept slabs take more small
+/// blocks and strand more (random churns on 15-31 MiB devices failed at more capacities).
+pub const STRAND_CLEAR_DIVISOR: u64 = 4;
+
+/// Tight mode is also left when free memory is over `bounds.tight_below` times this: a margin
+/// so that a device hovering at the threshold does not flip routes at every sample.
+pub const TIGHT_EXIT_FREE_FACTOR: f64 = 1.5;
+
+/// The workload has shown a cycle (a training step, a serving batch) once passthrough's
+/// footprint falls under its peak divided by this after the first routing interval; its peak so
+/// far is then taken as its peak, not grown by `bounds.peak_growth`.
+pub const CYCLE_FALL_DIVISOR: u64 = 2;
+
+/// Route changes and decisions kept for the report (older ones are counted, not stored).
+pub const MAX_LOG: usize = 10_000;
+
+/// Timeline points kept for the report; past it every other point is dropped and the interval
+/// doubles.
+pub const MAX_TIMELINE: usize = 4096;
+
+/// Free-list nodes the suballocator scans for a fit in a list whose smallest entry may be too
+/// small (TLSF's search rounds up a class; this last resort looks inside the exact class): a
+/// bound on a cold path's cost, O(1) rather than O(free blocks).
+pub const FIND_EXACT_STEPS: usize = 64;

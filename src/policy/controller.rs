@@ -1,0 +1,391 @@
+//! The policy engine's controller: cheap per-class statistics on the hot path, and a tick every
+//! `routing.interval_ops` operations (and a sample after each driver allocation) that measures,
+//! asks [`assess`] and [`classify`](super::classify) what to do, and applies it. It is the only
+//! code that pushes settings into the strategies.
+
+use std::time::Instant;
+
+use super::assess::{self, Limits, Plan, Prior, Sample, assess};
+use super::classify::{self, BUCKETS, ClassStats, Window, bucket_range, class_name, distinct_text};
+use super::constants::{SMALL_BUCKETS, TINY_DEVICE_PAGES};
+use super::journal::{ClassSummary, Journal, RouteChange, TimelinePoint};
+use super::{Policy, RoutingMode};
+use crate::device::{Device, Granularity};
+use crate::size::{ALIGNMENT, ByteSize, align_up};
+use crate::stats::Counter;
+use crate::strategy::{Strategy, StrategyKind};
+
+/// The policy engine of one allocator.
+#[derive(Debug)]
+pub struct Engine {
+    policy: Policy,
+    limits: Limits,
+    kinds: Vec<StrategyKind>,
+    classes: Vec<ClassStats>,
+    /// The bound on idle memory the cache and the slabs apply on frees between samples.
+    on_free_idle: u64,
+    next_tick: u64,
+    next_sample: u64,
+    last_free: u64,
+    /// What the last sample decided and the next may change.
+    prior: Prior,
+    in_pressure: bool,
+    /// How the driver consumes memory, for `footprint`.
+    model: Granularity,
+    /// What the driver would consume for the live blocks as separate allocations, and its
+    /// peak: passthrough's footprint of this workload so far.
+    footprint: Counter,
+    pub(crate) journal: Journal,
+    started: Instant,
+}
+
+impl Engine {
+    /// An engine for `policy` on a device of `total` bytes whose driver consumes memory as
+    /// `model` says, over the strategies `kinds` (in the allocator's order).
+    pub fn new(policy: Policy, kinds: Vec<StrategyKind>, total: u64, model: Granularity) -> Self {
+        let limits = Limits::new(&policy, total, total < TINY_DEVICE_PAGES * model.large_granule);
+        Engine {
+            on_free_idle: limits.max_idle,
+            next_tick: policy.routing.interval_ops,
+            next_sample: 0,
+            last_free: total,
+            prior: Prior::default(),
+            in_pressure: false,
+            model,
+            footprint: Counter::default(),
+            journal: Journal::new(policy.routing.interval_ops),
+            started: Instant::now(),
+            classes: (0..BUCKETS).map(|_| ClassStats::new()).collect(),
+            kinds,
+            limits,
+            policy,
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Free device memory was under the low watermark at the last sample.
+    pub fn in_pressure(&self) -> bool {
+        self.in_pressure
+    }
+
+    /// Free device memory was under the headroom at the last sample: idle memory that appears
+    /// (a cached block, an emptied slab) should go back at once.
+    pub fn below_headroom(&self) -> bool {
+        self.last_free < self.limits.headroom
+    }
+
+    pub fn headroom_bytes(&self) -> u64 {
+        self.limits.headroom
+    }
+
+    fn index_of(&self, kind: StrategyKind) -> usize {
+        self.kinds.iter().position(|&k| k == kind).unwrap_or(0)
+    }
+
+    /// The starting route of every class.
+    pub fn initial_routes(&self) -> [u8; BUCKETS] {
+        let mut routes = [0u8; BUCKETS];
+        if self.policy.routing.mode != RoutingMode::Adaptive {
+            return routes;
+        }
+        for (b, r) in routes.iter_mut().enumerate() {
+            let kind = if bucket_range(b).0 >= self.policy.routing.passthrough_min.0 {
+                StrategyKind::Passthrough
+            } else {
+                StrategyKind::Suballoc
+            };
+            *r = self.index_of(kind) as u8;
+        }
+        routes
+    }
+
+    /// Records a request (hot path: a few adds and a short scan of 4 sizes).
+    #[inline]
+    pub fn on_alloc(&mut self, bucket: usize, bytes: u64, op: u64) {
+        self.footprint.add(self.model.consumed(align_up(bytes, ALIGNMENT)));
+        self.classes[bucket].on_alloc(bytes, op);
+    }
+
+    /// A request of class `bucket` made driver calls (slow path only).
+    #[inline]
+    pub fn on_miss(&mut self, bucket: usize) {
+        self.classes[bucket].w_misses += 1;
+    }
+
+    /// Records a free (hot path: a few adds).
+    #[inline]
+    pub fn on_free(&mut self, bucket: usize, bytes: u64, lifetime_ops: u64, op: u64) {
+        self.footprint.sub(self.model.consumed(align_up(bytes, ALIGNMENT)));
+        self.classes[bucket].on_free(bytes, lifetime_ops, op);
+    }
+
+    /// True when the controller is due. Cost: one compare.
+    #[inline]
+    pub fn due(&self, op: u64) -> bool {
+        op >= self.next_tick.min(self.next_sample)
+    }
+
+    /// The controller: samples free memory at a bounded rate and enforces the bounds, re-routes
+    /// classes, ages out idle memory and records the timeline.
+    #[cold]
+    pub fn tick(
+        &mut self,
+        strategies: &mut [Strategy],
+        dev: &dyn Device,
+        routes: &mut [u8; BUCKETS],
+        op: u64,
+        live: u64,
+    ) {
+        if op >= self.next_sample {
+            self.sample(strategies, dev, routes, op);
+        }
+        if op < self.next_tick {
+            return;
+        }
+        self.next_tick = op + self.policy.routing.interval_ops;
+        if self.policy.routing.mode == RoutingMode::Adaptive {
+            let reserved = strategies.iter().map(Strategy::reserved_bytes).sum();
+            self.reroute(routes, op, reserved);
+        }
+        let age = self.policy.bounds.idle_age_ops;
+        if age > 0 && op > age {
+            let released: u64 = strategies.iter_mut().map(|s| s.release_older_than(dev, op - age)).sum();
+            self.journal.release(op, released, || {
+                format!("idle memory not reused for {age} operations aged out")
+            });
+        }
+        if self.journal.point_due(op) {
+            self.journal.point(TimelinePoint {
+                op,
+                live_bytes: live,
+                reserved_bytes: strategies.iter().map(Strategy::reserved_bytes).sum(),
+                idle_bytes: strategies.iter().map(Strategy::idle_bytes).sum(),
+                device_free_bytes: self.last_free,
+            });
+        }
+    }
+
+    /// Samples free memory now and enforces the bounds: after a driver allocation (free memory
+    /// fell), or when idle memory appears while free memory is under the headroom.
+    #[cold]
+    pub fn resample(&mut self, strategies: &mut [Strategy], dev: &dyn Device, routes: &mut [u8; BUCKETS], op: u64) {
+        self.sample(strategies, dev, routes, op);
+    }
+
+    /// One sample: measure, [`assess`], apply the plan.
+    fn sample(&mut self, strategies: &mut [Strategy], dev: &dyn Device, routes: &mut [u8; BUCKETS], op: u64) {
+        self.next_sample = op + self.policy.bounds.mem_info_interval_ops;
+        let Ok(info) = dev.mem_info() else { return };
+        self.journal.mem_info_samples += 1;
+        self.last_free = info.free;
+        let sample = Sample {
+            op,
+            free: info.free,
+            reserved: strategies.iter().map(Strategy::reserved_bytes).sum(),
+            idle: strategies.iter().map(Strategy::idle_bytes).sum(),
+            stranded: strategies.iter().map(Strategy::stranded_bytes).sum(),
+            footprint: self.footprint.current,
+            footprint_peak: self.footprint.peak,
+        };
+        self.journal.peak_stranded = self.journal.peak_stranded.max(sample.stranded);
+        let plan = assess(&sample, &self.limits, self.prior);
+        self.apply(&plan, &sample, strategies, dev, routes);
+    }
+
+    /// Carries out a plan: the idle bound on frees, the slabs' settings, tight mode's routes,
+    /// and the release down to the plan's idle target (cached blocks first, cheap to re-create,
+    /// then empty slabs).
+    fn apply(
+        &mut self,
+        plan: &Plan,
+        s: &Sample,
+        strategies: &mut [Strategy],
+        dev: &dyn Device,
+        routes: &mut [u8; BUCKETS],
+    ) {
+        if plan.cycle_seen && !self.prior.cycle_seen {
+            tracing::debug!(
+                op = s.op,
+                peak = s.footprint_peak,
+                "workload cycle seen: its peak so far is taken as its peak"
+            );
+        }
+        self.prior.cycle_seen = plan.cycle_seen;
+        if plan.on_free_idle != self.on_free_idle {
+            self.on_free_idle = plan.on_free_idle;
+            for st in strategies.iter_mut() {
+                match st {
+                    Strategy::Caching(c) => c.set_max_idle_bytes(dev, Some(plan.on_free_idle)),
+                    Strategy::Suballoc(sub) => sub.set_max_empty_bytes(dev, plan.on_free_idle),
+                    Strategy::Passthrough(_) => {}
+                }
+            }
+        }
+        if plan.pressure && !self.in_pressure {
+            self.journal.pressure_events += 1;
+            tracing::info!(
+                op = s.op,
+                free = s.free,
+                watermark = self.limits.low_watermark,
+                "memory pressure: free device memory under the low watermark"
+            );
+        }
+        self.in_pressure = plan.pressure;
+        if plan.tight != self.prior.tight {
+            self.prior.tight = plan.tight;
+            self.route_small_for_tightness(routes, s.op, s.free);
+        }
+        for st in strategies.iter_mut() {
+            if let Strategy::Suballoc(sub) = st {
+                sub.set_strand_budget(plan.strand_budget);
+                sub.set_slab_limit(plan.slab_limit);
+                sub.set_segregate(plan.segregate);
+                sub.set_growth(plan.growth);
+            }
+        }
+        if s.idle <= plan.idle_target {
+            return;
+        }
+        let mut need = s.idle - plan.idle_target;
+        let can_release: u64 = strategies.iter().map(|st| st.releasable(plan.unmap_pages)).sum();
+        let keep_cache = assess::keep_cache(s.free, &self.limits, plan.pressure, can_release, need);
+        let mut released = 0;
+        for kind in [StrategyKind::Caching, StrategyKind::Suballoc] {
+            if keep_cache && kind == StrategyKind::Caching {
+                continue;
+            }
+            for st in strategies.iter_mut().filter(|st| st.kind() == kind) {
+                let own = st.idle_bytes();
+                let r = st.release_down_to(dev, own - need.min(own), plan.unmap_pages);
+                released += r;
+                need = need.saturating_sub(r);
+            }
+        }
+        let (headroom, reason, free) = (self.limits.headroom, plan.reason, s.free);
+        self.journal.release(s.op, released, || {
+            format!("{reason} (free {free} of headroom {headroom})")
+        });
+    }
+
+    /// While the device is tight, requests under 1 MiB get exact-size cached blocks (a slab page
+    /// that holds one small live block pins a whole 2 MiB page; the driver packs small blocks at
+    /// 512 B); when it has room again, they go back to slabs.
+    fn route_small_for_tightness(&mut self, routes: &mut [u8; BUCKETS], op: u64, free: u64) {
+        if self.policy.routing.mode != RoutingMode::Adaptive || !self.policy.routing.small_exact_when_tight {
+            return;
+        }
+        let tight = self.prior.tight;
+        let (from, to) = if tight {
+            (StrategyKind::Suballoc, StrategyKind::Caching)
+        } else {
+            (StrategyKind::Caching, StrategyKind::Suballoc)
+        };
+        let to_idx = self.index_of(to) as u8;
+        for r in routes.iter_mut().take(SMALL_BUCKETS) {
+            *r = to_idx;
+        }
+        let reason = if tight {
+            format!(
+                "device tight ({} free): small requests get exact-size blocks",
+                ByteSize(free)
+            )
+        } else {
+            format!(
+                "device has room again ({} free): small requests back to slabs",
+                ByteSize(free)
+            )
+        };
+        self.journal.route_change(RouteChange {
+            op,
+            class: "all under 1MiB".into(),
+            from,
+            to,
+            reason,
+        });
+    }
+
+    /// Re-routes every class with enough requests in its window ([`classify::want`], with
+    /// hysteresis), and starts its next window.
+    fn reroute(&mut self, routes: &mut [u8; BUCKETS], op: u64, reserved: u64) {
+        let r = &self.policy.routing;
+        let tight_small = self.prior.tight && r.small_exact_when_tight;
+        for (b, route) in routes.iter_mut().enumerate() {
+            let c = &mut self.classes[b];
+            if c.w_requests < r.min_samples || (tight_small && b < SMALL_BUCKETS) {
+                // Too few requests to judge (or tight mode holds the class); the window grows.
+                continue;
+            }
+            let in_slabs = self.kinds[*route as usize] == StrategyKind::Suballoc;
+            let w = Window::of(c, bucket_range(b).0, in_slabs, reserved, self.limits.max_idle);
+            let want = classify::want(&w, r);
+            c.new_window();
+            let want_idx = self.kinds.iter().position(|&k| k == want).unwrap_or(0);
+            let (pending, moves) = classify::settle(c.pending, want_idx, *route as usize, r.hysteresis);
+            c.pending = pending;
+            if !moves {
+                continue;
+            }
+            let from = self.kinds[*route as usize];
+            *route = want_idx as u8;
+            // Formatted only when the route changes (formatting every class at every tick cost
+            // more than the allocations in between).
+            let reason = match want {
+                StrategyKind::Passthrough => {
+                    format!("sizes at least {} go to the driver", ByteSize(r.passthrough_min.0))
+                }
+                StrategyKind::Caching => format!(
+                    "{} distinct size(s), {:.0}% of requests find a freed block, at most {} live: exact-size caching",
+                    w.distinct,
+                    w.reuse * 100.0,
+                    w.peak_blocks
+                ),
+                StrategyKind::Suballoc => format!(
+                    "{} distinct sizes, {:.0}% reuse: suballocation packs varied sizes",
+                    distinct_text(w.distinct),
+                    w.reuse * 100.0
+                ),
+            };
+            self.journal.route_change(RouteChange {
+                op,
+                class: class_name(b),
+                from,
+                to: want,
+                reason,
+            });
+        }
+    }
+
+    /// Per-class summaries (classes that saw requests), with their current routes.
+    pub fn summaries(&self, routes: &[u8; BUCKETS]) -> Vec<ClassSummary> {
+        self.classes
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.requests > 0)
+            .map(|(b, c)| {
+                let (lo, hi) = bucket_range(b);
+                ClassSummary {
+                    class: class_name(b),
+                    min_bytes: lo,
+                    max_bytes: hi,
+                    route: self.kinds[routes[b] as usize],
+                    requests: c.requests,
+                    bytes: c.bytes,
+                    frees: c.frees,
+                    peak_live_bytes: c.live.peak,
+                    reuse_ratio: c.reuse_hits as f64 / c.requests as f64,
+                    distinct_sizes: c.all_distinct,
+                    lifetime_ops_p50_p90_p99: c.lifetimes.quantiles(),
+                    reuse_distance_ops_p50_p90_p99: c.reuse_distances.quantiles(),
+                }
+            })
+            .collect()
+    }
+
+    /// Seconds since the engine started (for allocation rates).
+    pub fn elapsed_secs(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
