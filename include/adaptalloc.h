@@ -33,6 +33,10 @@ typedef struct AdaptallocStats {
     uint64_t driver_frees;
     uint64_t failed_allocs;
     uint64_t oom_recoveries;
+    /* Times memory freed on a stream came to serve every stream because the stream's work was
+     * done (queried), and waits on a stream's work before failing a request. */
+    uint64_t stream_reclaims;
+    uint64_t stream_waits;
 } AdaptallocStats;
 
 /* Allocates size bytes on device for stream; 256-byte aligned. NULL on failure: read the
@@ -49,7 +53,17 @@ uint64_t adaptalloc_empty_cache(void);
  * allocated on that device yet. */
 int adaptalloc_stats(int device, AdaptallocStats *out);
 
-/* The last error on this thread ("" when none); valid until the next adaptalloc call. */
+/* Tells device's allocator that all work queued on stream has completed (after
+ * cudaStreamSynchronize): memory freed on it then serves every stream at once. Without it, such
+ * memory serves other streams once the driver reports the stream idle, or after a wait before a
+ * request would fail. 0, or -1 when nothing was allocated on device yet. */
+int adaptalloc_synchronize_stream(int device, adaptalloc_stream_t stream);
+
+/* Restarts device's peak statistics from their current values. 0, or -1 as above. */
+int adaptalloc_reset_peak_stats(int device);
+
+/* The last error on this thread ("" when none: every successful call clears it); valid until
+ * the next adaptalloc call. */
 const char *adaptalloc_last_error(void);
 
 #ifdef __cplusplus

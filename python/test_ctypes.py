@@ -22,7 +22,8 @@ HEADER = os.path.join(ROOT, "include", "adaptalloc.h")
 class Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "live_bytes", "peak_live_bytes", "reserved_bytes", "peak_reserved_bytes", "idle_bytes",
-        "live_blocks", "driver_allocs", "driver_frees", "failed_allocs", "oom_recoveries")]
+        "live_blocks", "driver_allocs", "driver_frees", "failed_allocs", "oom_recoveries",
+        "stream_reclaims", "stream_waits")]
 
 
 def load():
@@ -35,6 +36,10 @@ def load():
     lib.adaptalloc_stats.restype = ctypes.c_int
     lib.adaptalloc_stats.argtypes = [ctypes.c_int, ctypes.POINTER(Stats)]
     lib.adaptalloc_last_error.restype = ctypes.c_char_p
+    lib.adaptalloc_synchronize_stream.restype = ctypes.c_int
+    lib.adaptalloc_synchronize_stream.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    lib.adaptalloc_reset_peak_stats.restype = ctypes.c_int
+    lib.adaptalloc_reset_peak_stats.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -60,12 +65,40 @@ def child(mode):
         assert "not a live allocation" in lib.adaptalloc_last_error().decode()
         assert lib.adaptalloc_malloc(1 << 50, 0, None) is None  # larger than the device
         assert "can never fit" in lib.adaptalloc_last_error().decode()
+        p = lib.adaptalloc_malloc(4096, 0, None)
+        assert lib.adaptalloc_last_error() == b"", "a success clears the last error"
+        lib.adaptalloc_free(p, 4096, 0, None)
+        assert lib.adaptalloc_last_error() == b""
+        assert lib.adaptalloc_synchronize_stream(0, None) == 0
+        assert lib.adaptalloc_synchronize_stream(3, None) == -1  # nothing on device 3
+        assert "device 3" in lib.adaptalloc_last_error().decode()
+        assert lib.adaptalloc_reset_peak_stats(0) == 0
         lib.adaptalloc_stats(0, ctypes.byref(s))
+        assert s.peak_live_bytes == s.live_bytes == 0, s.peak_live_bytes
         assert s.live_blocks == 0
         lib.adaptalloc_empty_cache()
         lib.adaptalloc_stats(0, ctypes.byref(s))
         assert s.reserved_bytes == s.live_bytes + s.idle_bytes, (s.reserved_bytes, s.idle_bytes)
         print("sim ok: driver allocs", s.driver_allocs)
+    elif mode == "streams":
+        # Stream A (a fake handle: the simulated device ignores it) fills 512 MiB with 1 MiB
+        # blocks and frees seven in eight without synchronizing; stream B then gets as many
+        # blocks as plain cudaMalloc could give it.
+        a, b, mib = ctypes.c_void_p(0x1000), ctypes.c_void_p(0x2000), 1 << 20
+        held = []
+        while True:
+            p = lib.adaptalloc_malloc(mib, 0, a)
+            if not p:
+                break
+            held.append(p)
+        kept = [p for i, p in enumerate(held) if i % 8 == 0]
+        for i, p in enumerate(held):
+            if i % 8:
+                lib.adaptalloc_free(p, mib, 0, a)
+        want = (512 * mib - len(kept) * 2 * mib) // (2 * mib)  # 1 MiB takes a 2 MiB page alone
+        got = [lib.adaptalloc_malloc(mib, 0, b) for _ in range(want)]
+        assert all(got), (sum(1 for g in got if g), want, lib.adaptalloc_last_error())
+        print(f"streams ok: B got {want} of {want} blocks beside A's {len(kept)}")
 
 
 def run_child(mode, env):
@@ -103,9 +136,10 @@ def main():
         report = os.path.join(tmp, "report.json")
         run_child("sim", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_POLICY": "training", "ADAPTALLOC_REPORT": report})
         data = json.load(open(report))
-        assert data["requests"] == 4 and "large-batch training" in data["policy"], data["requests"]
+        assert data["requests"] == 5 and "large-batch training" in data["policy"], data["requests"]
         print("report at exit ok:", report)
-    print("3 passed, 0 failed")
+    run_child("streams", {"ADAPTALLOC_DEVICE": "sim:512MiB"})
+    print("4 passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,13 @@ pub struct Stats {
     /// Requests routed to slabs that the strand guard gave exact-size blocks instead (a slab
     /// placement would have pinned memory the driver would not consume for them).
     pub strand_refusals: u64,
+    /// Times memory freed on a stream became usable by every stream because the stream's work
+    /// had completed (queried, never waited on), and waits on a stream's work before failing a
+    /// request for want of memory held for it.
+    pub stream_reclaims: u64,
+    pub stream_waits: u64,
+    /// Streams with memory freed on them that only they may use until their work is known done.
+    pub streams_remembered: u64,
     /// Bytes that live blocks in slabs pin beyond what the driver would consume for them as
     /// separate allocations (memory no release can reach while they live).
     pub stranded_bytes: u64,

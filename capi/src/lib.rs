@@ -35,6 +35,8 @@ pub struct AdaptallocStats {
     pub driver_frees: u64,
     pub failed_allocs: u64,
     pub oom_recoveries: u64,
+    pub stream_reclaims: u64,
+    pub stream_waits: u64,
 }
 
 thread_local! {
@@ -45,6 +47,17 @@ fn set_error(message: String) {
     tracing::warn!("{message}");
     let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// A successful call clears the last error, so that after a call that returns nothing (free)
+/// an empty `adaptalloc_last_error()` means it worked.
+fn clear_error() {
+    LAST_ERROR.with(|e| {
+        let mut e = e.borrow_mut();
+        if !e.as_bytes().is_empty() {
+            *e = CString::default();
+        }
+    });
 }
 
 fn allocators() -> &'static Mutex<HashMap<c_int, Allocator>> {
@@ -118,7 +131,10 @@ pub extern "C" fn adaptalloc_malloc(size: usize, device: c_int, stream: *mut c_v
         alloc.allocate_raw(size as u64, stream).map_err(|e| e.to_string())
     }));
     match result {
-        Ok(Ok(ptr)) => ptr as usize as *mut c_void,
+        Ok(Ok(ptr)) => {
+            clear_error();
+            ptr as usize as *mut c_void
+        }
         Ok(Err(message)) => {
             set_error(format!("adaptalloc_malloc({size}, device {device}): {message}"));
             std::ptr::null_mut()
@@ -145,7 +161,7 @@ pub extern "C" fn adaptalloc_free(ptr: *mut c_void, size: usize, device: c_int, 
         alloc.deallocate(addr, stream).map_err(|e| e.to_string())
     }));
     match result {
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => clear_error(),
         Ok(Err(message)) => set_error(format!(
             "adaptalloc_free({addr:#x}, {size}, device {device}): {message}"
         )),
@@ -197,10 +213,55 @@ pub unsafe extern "C" fn adaptalloc_stats(device: c_int, out: *mut AdaptallocSta
         driver_frees: s.driver_frees,
         failed_allocs: s.failed_allocs,
         oom_recoveries: s.oom_recoveries,
+        stream_reclaims: s.stream_reclaims,
+        stream_waits: s.stream_waits,
     };
     // SAFETY: `out` is non-null and, by this function's contract, valid for one write.
     unsafe { out.write(c) };
+    clear_error();
     0
+}
+
+/// Runs `f` on `device`'s allocator: 0, or -1 (with the reason in `adaptalloc_last_error()`)
+/// when the device has none yet or `f` panicked.
+fn with_allocator(call: &str, device: c_int, f: impl FnOnce(&Allocator)) -> c_int {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let alloc = allocators().lock().ok().and_then(|m| m.get(&device).cloned());
+        alloc.map(|a| f(&a))
+    }));
+    match result {
+        Ok(Some(())) => {
+            clear_error();
+            0
+        }
+        Ok(None) => {
+            set_error(format!("{call}: no allocator for device {device} yet"));
+            -1
+        }
+        Err(_) => {
+            set_error(format!("{call}: internal panic (a bug; please report it)"));
+            -1
+        }
+    }
+}
+
+/// Tells `device`'s allocator that all work queued on `stream` has completed (call it after
+/// `cudaStreamSynchronize`): memory freed on it serves every stream at once. Without it, such
+/// memory serves other streams once the driver reports the stream idle, or after a wait
+/// before a request would fail. 0, or -1 when nothing was allocated on `device` yet.
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_synchronize_stream(device: c_int, stream: *mut c_void) -> c_int {
+    let stream = stream as usize as u64;
+    with_allocator("adaptalloc_synchronize_stream", device, |a| {
+        a.synchronize_stream(stream)
+    })
+}
+
+/// Restarts `device`'s peak statistics from their current values (say, between training
+/// steps). 0, or -1 when nothing was allocated on `device` yet.
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_reset_peak_stats(device: c_int) -> c_int {
+    with_allocator("adaptalloc_reset_peak_stats", device, Allocator::reset_peaks)
 }
 
 /// The last error on this thread, as a NUL-terminated string ("" when none). Valid until the

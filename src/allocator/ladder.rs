@@ -6,7 +6,7 @@
 //! |---|---|
 //! | roomy (the fast path) | [`Step::Routed`]: a cache hit or a new cached block; a slab fit within the strand limit, else an exact-size cached block; or a driver allocation |
 //! | pressure (free memory under the low watermark) | [`Step::HeldHole`] strict, then [`Step::Driver`] (the routed strategy when there is no passthrough) |
-//! | after out-of-memory, `oom.release_and_retry` | [`Step::ReleaseAndRetry`], [`Step::HeldHole`] loose, [`Step::Driver`] when not routed, [`Step::Splice`] |
+//! | after out-of-memory, `oom.release_and_retry` | [`Step::ReclaimStreams`], [`Step::ReleaseAndRetry`], [`Step::HeldHole`] loose, [`Step::Driver`] when not routed, [`Step::Splice`] |
 //! | after out-of-memory, no release | none: the error goes to the caller |
 //!
 //! [`steps`] is that table as data (unit-tested); [`Ladder`] walks it. The allocator picks the
@@ -39,6 +39,10 @@ pub(super) enum Step {
     /// request does). After out-of-memory, only through a strategy other than the routed one,
     /// which has just failed.
     Driver,
+    /// Make memory freed on other streams usable by the requester's: every stream whose work
+    /// is done, then, waiting for their work, the rest; retry the routed strategy when any was
+    /// reclaimed.
+    ReclaimStreams,
     /// Release every idle byte (cached blocks, then empty slabs and unused pages) and retry the
     /// routed strategy once, even when nothing was idle: the refusal may have been transient.
     ReleaseAndRetry,
@@ -66,6 +70,7 @@ pub(super) fn steps(rung: Rung) -> &'static [Step] {
         Rung::OutOfMemory {
             release_and_retry: true,
         } => &[
+            Step::ReclaimStreams,
             Step::ReleaseAndRetry,
             Step::HeldHole { strict: false },
             Step::Driver,
@@ -170,7 +175,9 @@ impl<'a> Ladder<'a> {
                         .allocate(self.dev, self.aligned, self.stream)
                         .map(|g| (g, i));
                 }
-                Step::Routed | Step::ReleaseAndRetry | Step::Splice => unreachable!("not a pressure step"),
+                Step::Routed | Step::ReclaimStreams | Step::ReleaseAndRetry | Step::Splice => {
+                    unreachable!("not a pressure step")
+                }
             }
         }
         unreachable!("the pressure rung ends with the driver")
@@ -200,6 +207,21 @@ impl<'a> Ladder<'a> {
                             None
                         }
                         Err(e) => return Err(e),
+                    }
+                }
+                Step::ReclaimStreams => {
+                    if self.st.reclaim_streams(self.dev, Some(self.stream), true) == 0 {
+                        None
+                    } else {
+                        let si = self.routed;
+                        match self.st.strategies[si].allocate(self.dev, self.aligned, self.stream) {
+                            Ok(g) => Some((g, si)),
+                            Err(e) if e.is_out_of_memory() => {
+                                last = e;
+                                None
+                            }
+                            Err(e) => return Err(e),
+                        }
                     }
                 }
                 Step::HeldHole { strict } => self.held_hole(strict),
@@ -272,11 +294,17 @@ mod tests {
                 &[HeldHole { strict: true }, Driver],
             ),
             (
-                "out of memory: release and retry, any hole, the driver, a splice",
+                "out of memory: other streams' memory, release and retry, any hole, the driver, a splice",
                 Rung::OutOfMemory {
                     release_and_retry: true,
                 },
-                &[ReleaseAndRetry, HeldHole { strict: false }, Driver, Splice],
+                &[
+                    ReclaimStreams,
+                    ReleaseAndRetry,
+                    HeldHole { strict: false },
+                    Driver,
+                    Splice,
+                ],
             ),
             (
                 "out of memory without release: nothing more",

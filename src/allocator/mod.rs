@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 
 mod ladder;
 mod recovery;
+mod streams;
 
 use ladder::Ladder;
 
@@ -95,6 +96,8 @@ struct State {
     engine: Option<Box<Engine>>,
     /// Operations so far (allocations and frees).
     op: u64,
+    /// Streams with memory freed on them, for stream-ordered reuse (streams.rs).
+    freed_on: streams::FreedOn,
     /// Free device memory is under the policy's low watermark: place compactly.
     pressure: bool,
     /// Free device memory is under the policy's headroom: keep no releasable idle memory.
@@ -189,8 +192,12 @@ struct Shared {
 }
 
 /// A device memory allocator. `Send + Sync`: share it by reference or clone it (clones share
-/// state). Results are 256-byte aligned. A freed block is reused only by requests on the same
-/// stream until [`synchronize_stream`](Allocator::synchronize_stream) is called for that stream.
+/// state). Results are 256-byte aligned. A block freed on a stream is reused at once by that
+/// stream, and by every stream once the stream's work is done: after
+/// [`synchronize_stream`](Allocator::synchronize_stream), when the device reports the stream
+/// idle (asked once many streams hold freed memory, and before a request would fail), or,
+/// before a request would fail for want of memory, after waiting for the stream
+/// (allocator/streams.rs).
 ///
 /// Dropping the last clone (and every [`Allocation`], which keeps the allocator alive) returns
 /// every byte to the device, raw allocations still live included (with a warning).
@@ -234,6 +241,7 @@ impl Allocator {
                     routes: [0; BUCKETS],
                     engine: None,
                     op: 0,
+                    freed_on: streams::FreedOn::default(),
                     pressure: false,
                     below_headroom: false,
                 }),
@@ -346,10 +354,7 @@ impl Allocator {
     /// Tells the allocator that all work queued on `stream` has completed (call it after
     /// `cudaStreamSynchronize`): blocks freed on it become reusable by every stream.
     pub fn synchronize_stream(&self, stream: StreamId) {
-        let mut st = self.shared.state.lock();
-        for s in &mut st.strategies {
-            s.synchronize_stream(stream);
-        }
+        self.shared.state.lock().synchronize_strategies(stream);
     }
 
     /// Gives every idle byte that can be given back to the device; returns the bytes released.
@@ -518,6 +523,9 @@ impl Shared {
     fn release_block(st: &mut State, dev: &dyn Device, ptr: DevicePtr, live: Live) {
         let op = st.op;
         let si = live.strategy as usize;
+        if st.freed_on.note(live.stream, op) {
+            st.reclaim_streams(dev, None, false);
+        }
         st.strategies[si].deallocate(dev, ptr, live.block, live.meta, live.stream, op);
         if let Some(e) = st.engine.as_deref_mut() {
             e.on_free(live.bucket as usize, live.requested, op - live.born, op);
@@ -540,6 +548,7 @@ impl Shared {
         stats.driver_frees = self.device.frees.load(Ordering::Relaxed);
         stats.releasable_idle_bytes = st.strategies.iter().map(Strategy::releasable_bytes).sum();
         stats.stranded_bytes = st.strategies.iter().map(Strategy::stranded_bytes).sum();
+        stats.streams_remembered = st.freed_on.len() as u64;
         stats
     }
 

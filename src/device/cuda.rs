@@ -194,6 +194,33 @@ impl Device for CudaDevice {
         self.vmm_page.map(|_| self as &dyn super::VirtualMemory)
     }
 
+    /// `cuStreamQuery` on `stream` read as a `CUstream` handle (what the C ABI passes; 0 is
+    /// the legacy default stream). Not ready, or any error (logged), reads as not done.
+    fn stream_done(&self, stream: crate::strategy::StreamId, _freed_at: u64, _now: u64) -> bool {
+        if self.make_current().is_err() {
+            return false;
+        }
+        // SAFETY: the caller names a stream it allocated on, which is live while it has work
+        // or memory with us; the context is current. The driver only reads the handle.
+        let r = unsafe { sys::cuStreamQuery(stream as usize as sys::CUstream) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => true,
+            sys::CUresult::CUDA_ERROR_NOT_READY => false,
+            other => {
+                tracing::warn!(stream, error = ?other, "cuStreamQuery failed; the stream's memory stays with it");
+                false
+            }
+        }
+    }
+
+    fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
+        self.make_current()?;
+        // SAFETY: as in `stream_done`.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(stream as usize as sys::CUstream)
+        })
+    }
+
     fn stats(&self) -> DeviceStats {
         *self.stats.lock()
     }

@@ -42,6 +42,12 @@ impl Device for Metered {
     fn vmm(&self) -> Option<&dyn VirtualMemory> {
         self.inner.vmm().map(|_| self as &dyn VirtualMemory)
     }
+    fn stream_done(&self, stream: crate::strategy::StreamId, freed_at: u64, now: u64) -> bool {
+        self.inner.stream_done(stream, freed_at, now)
+    }
+    fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
+        self.inner.stream_wait(stream)
+    }
     fn stats(&self) -> DeviceStats {
         self.inner.stats()
     }

@@ -111,6 +111,23 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn vmm(&self) -> Option<&dyn VirtualMemory> {
         None
     }
+    /// Whether all work queued on `stream` so far has completed (CUDA: `cuStreamQuery`), so
+    /// that memory freed on it may serve other streams. Never waits. `freed_at` is the
+    /// allocator's operation count at its last free on the stream and `now` the current one:
+    /// [`SimDevice`] models in-flight work as completing a set number of operations after it
+    /// was queued. The default, for a device that cannot tell, is false: memory freed on a
+    /// stream then waits for [`stream_wait`](Device::stream_wait) or the caller's
+    /// `synchronize_stream`.
+    fn stream_done(&self, stream: crate::strategy::StreamId, freed_at: u64, now: u64) -> bool {
+        let _ = (stream, freed_at, now);
+        false
+    }
+    /// Waits until all work queued on `stream` has completed (CUDA: `cuStreamSynchronize`).
+    /// The default, for a device with no queued work, returns at once.
+    fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
+        let _ = stream;
+        Ok(())
+    }
     /// What this device has done so far.
     fn stats(&self) -> DeviceStats;
     /// A short human name ("SimDevice 16GiB", "NVIDIA H200").

@@ -109,6 +109,10 @@ pub struct SimDevice {
     cost: CostModel,
     faults: FaultPlan,
     vmm: bool,
+    /// Operations after which work queued on a stream has completed ([`Device::stream_done`]).
+    stream_lag: u64,
+    /// Calls of [`Device::stream_wait`].
+    stream_waits: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
 
@@ -122,9 +126,19 @@ pub struct SimDeviceBuilder {
     faults: FaultPlan,
     script: Vec<TenantAction>,
     vmm: bool,
+    stream_lag: u64,
 }
 
 impl SimDeviceBuilder {
+    /// In-flight work: what a stream has queued completes this many allocator operations after
+    /// its last free (default 0: at once, the device runs no kernels). `u64::MAX` models streams
+    /// that never finish on their own, so that memory freed on them serves other streams only
+    /// after a wait ([`Device::stream_wait`]) or the caller's `synchronize_stream`.
+    pub fn stream_lag(mut self, ops: u64) -> Self {
+        self.stream_lag = ops;
+        self
+    }
+
     /// Whether the device offers virtual memory management ([`VirtualMemory`]); default true,
     /// as CUDA does since 10.2.
     pub fn vmm(mut self, on: bool) -> Self {
@@ -176,6 +190,8 @@ impl SimDeviceBuilder {
             }),
             faults: self.faults,
             vmm: self.vmm,
+            stream_lag: self.stream_lag,
+            stream_waits: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -189,12 +205,18 @@ impl SimDevice {
             faults: FaultPlan::default(),
             script: Vec::new(),
             vmm: true,
+            stream_lag: 0,
         }
     }
 
     /// A device of `capacity` bytes with every other setting at its default.
     pub fn new(capacity: u64) -> Self {
         Self::builder().capacity(capacity).build()
+    }
+
+    /// Calls of [`Device::stream_wait`] so far.
+    pub fn stream_waits(&self) -> u64 {
+        self.stream_waits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn capacity(&self) -> u64 {
@@ -371,6 +393,15 @@ impl Device for SimDevice {
 
     fn vmm(&self) -> Option<&dyn VirtualMemory> {
         if self.vmm { Some(self) } else { None }
+    }
+
+    fn stream_done(&self, _stream: crate::strategy::StreamId, freed_at: u64, now: u64) -> bool {
+        now.saturating_sub(freed_at) >= self.stream_lag
+    }
+
+    fn stream_wait(&self, _stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
+        self.stream_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     fn name(&self) -> String {

@@ -49,6 +49,9 @@ type BinKey = (Option<StreamId>, u64);
 struct Bin {
     key: BinKey,
     head: u32,
+    /// Live blocks that return to this bin when freed (it is their home): a stream bin with
+    /// none, emptied when its stream is synchronized, is given up for reuse.
+    live: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -69,13 +72,16 @@ struct Node {
 pub struct Caching {
     config: CachingConfig,
     nodes: Slots<Node>,
-    /// Bins by index. A bin lives as long as the strategy (one per distinct (stream, size) seen,
-    /// 24 bytes each), so a live block can name its bin in its [`BlockMeta`] and be cached again
-    /// with no lookup.
+    /// Bins by index. A live block names its home bin in its [`BlockMeta`] and is cached again
+    /// with no lookup, so a bin lives while a live block names it; a stream's bins are given up
+    /// when the stream is synchronized with none, and their slots reused (`spare_bins`).
     bins: Vec<Bin>,
     bin_of: FastMap<BinKey, u32>,
+    /// Each stream's bins, so that synchronizing a stream touches only them.
+    stream_bins: FastMap<StreamId, Vec<u32>>,
+    spare_bins: Vec<u32>,
     /// A direct-mapped memo of `bin_of` for stream bins, (stream, block bytes, bin): a repeated
-    /// size skips the hash lookup. Bins are never removed, so an entry never goes stale.
+    /// size skips the hash lookup. A bin given up is cleared from it.
     memo: Box<[(StreamId, u64, u32); MEMO]>,
     /// Most recently freed block; `lru_tail` is the least recently freed.
     lru_head: u32,
@@ -95,6 +101,8 @@ impl Caching {
             nodes: Slots::new(),
             bins: Vec::new(),
             bin_of: FastMap::default(),
+            stream_bins: FastMap::default(),
+            spare_bins: Vec::new(),
             memo: Box::new([(0, 0, NIL); MEMO]),
             lru_head: NIL,
             lru_tail: NIL,
@@ -189,6 +197,7 @@ impl Caching {
         let idx = self.bins[from as usize].head;
         let node = self.nodes[idx];
         self.unlink(idx);
+        self.bins[home as usize].live += 1;
         self.idle -= node.bytes;
         Grant {
             ptr: node.ptr,
@@ -198,12 +207,34 @@ impl Caching {
         }
     }
 
-    /// The index of the bin for `key`, made if new.
+    /// The index of the bin for `key`, made if new (in a spare slot when there is one).
     fn bin_for(&mut self, key: BinKey) -> u32 {
-        let next = self.bins.len() as u32;
-        let b = *self.bin_of.entry(key).or_insert(next);
-        if b == next {
-            self.bins.push(Bin { key, head: NIL });
+        if let Some(&b) = self.bin_of.get(&key) {
+            return b;
+        }
+        self.new_bin(key)
+    }
+
+    #[cold]
+    fn new_bin(&mut self, key: BinKey) -> u32 {
+        let bin = Bin {
+            key,
+            head: NIL,
+            live: 0,
+        };
+        let b = match self.spare_bins.pop() {
+            Some(b) => {
+                self.bins[b as usize] = bin;
+                b
+            }
+            None => {
+                self.bins.push(bin);
+                self.bins.len() as u32 - 1
+            }
+        };
+        self.bin_of.insert(key, b);
+        if let Some(stream) = key.0 {
+            self.stream_bins.entry(stream).or_default().push(b);
         }
         b
     }
@@ -215,13 +246,13 @@ impl Caching {
         let block_bytes = self.block_size(dev, bytes);
         let ptr = dev.allocate(block_bytes)?;
         self.reserved += block_bytes;
+        let bin = self.bin_for((Some(stream), block_bytes));
+        self.bins[bin as usize].live += 1;
         Ok(Grant {
             ptr,
             block_bytes,
             hit: false,
-            meta: BlockMeta::Cached {
-                bin: self.bin_for((Some(stream), block_bytes)),
-            },
+            meta: BlockMeta::Cached { bin },
         })
     }
 
@@ -237,7 +268,10 @@ impl Caching {
         now: u64,
     ) {
         let bin = match meta {
-            BlockMeta::Cached { bin } => bin,
+            BlockMeta::Cached { bin } => {
+                self.bins[bin as usize].live -= 1;
+                bin
+            }
             _ => self.bin_for((Some(stream), block_bytes)),
         };
         debug_assert_eq!(self.bins[bin as usize].key, (Some(stream), block_bytes));
@@ -286,23 +320,44 @@ impl Caching {
         released
     }
 
-    /// Moves the blocks cached on `stream` to the shared pool, keeping their age.
+    /// Moves the blocks cached on `stream` to the shared pool, keeping their age, and gives up
+    /// the stream's bins that no live block names.
     pub(super) fn synchronize_stream(&mut self, stream: StreamId) {
-        for b in 0..self.bins.len() {
-            let (s, bytes) = self.bins[b].key;
-            if s != Some(stream) {
-                continue;
-            }
+        let Some(mut bins) = self.stream_bins.remove(&stream) else {
+            return;
+        };
+        bins.sort_unstable();
+        let mut kept = Vec::new();
+        for b in bins {
+            let bytes = self.bins[b as usize].key.1;
             let shared = self.bin_for((None, bytes));
-            while self.bins[b].head != NIL {
-                let head = self.bins[b].head;
+            while self.bins[b as usize].head != NIL {
+                let head = self.bins[b as usize].head;
                 let mut node = self.nodes[head];
                 self.unlink(head);
                 node.bin = shared;
                 let idx = self.nodes.insert(node);
                 self.link(idx);
             }
+            if self.bins[b as usize].live > 0 {
+                kept.push(b);
+                continue;
+            }
+            let key = self.bins[b as usize].key;
+            self.bin_of.remove(&key);
+            for m in self.memo.iter_mut().filter(|m| m.2 == b) {
+                *m = (0, 0, NIL);
+            }
+            self.spare_bins.push(b);
         }
+        if !kept.is_empty() {
+            self.stream_bins.insert(stream, kept);
+        }
+    }
+
+    /// Bins in use (per (stream, block size), and the shared ones).
+    pub fn bins_in_use(&self) -> usize {
+        self.bins.len() - self.spare_bins.len()
     }
 
     pub(super) fn reserved_bytes(&self) -> u64 {

@@ -118,6 +118,8 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
 }
 CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return cuMemFree_v2(ptr); }
 CUresult cuStreamSynchronize(CUstream stream) { (void)stream; return SUCCESS; }
+/* No kernels run on the stub: every stream is always idle. */
+CUresult cuStreamQuery(CUstream stream) { (void)stream; return SUCCESS; }
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { (void)keep; return pool == &pool_token ? SUCCESS : INVALID_VALUE; }
 
 /* Virtual memory management: address ranges from a counter (never dereferenced), physical pages

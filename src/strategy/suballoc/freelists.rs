@@ -19,6 +19,11 @@ impl FreeLists {
             heads: vec![NIL; FL * SL],
         }
     }
+
+    /// No free block in any list.
+    pub(super) fn is_empty(&self) -> bool {
+        self.fl_bitmap == 0
+    }
 }
 
 /// First- and second-level index of the list holding blocks of `size` bytes.
@@ -49,7 +54,7 @@ impl Suballoc {
     /// A free node of list set `li` of at least `bytes`, or None. Good fit in O(1); when the
     /// rounded-up search finds nothing, scans the request's own list (a few entries) for an
     /// exact fit, which matters when memory is tight.
-    pub(super) fn find(&self, li: u16, bytes: u64) -> Option<u32> {
+    pub(super) fn find(&self, li: u32, bytes: u64) -> Option<u32> {
         let lists = &self.lists[li as usize];
         let (fl, sl) = mapping_search(bytes);
         if fl < FL {
@@ -74,7 +79,7 @@ impl Suballoc {
     }
 
     #[cold]
-    pub(super) fn find_exact(&self, li: u16, bytes: u64) -> Option<u32> {
+    pub(super) fn find_exact(&self, li: u32, bytes: u64) -> Option<u32> {
         let (fl, sl) = mapping(bytes);
         let mut i = self.lists[li as usize].heads[fl * SL + sl];
         let mut steps = 0;
@@ -90,7 +95,7 @@ impl Suballoc {
 
     /// Marks `idx` free in list set `li`, merging with free neighbours it may join; returns the
     /// index of the merged node.
-    pub(super) fn insert_free(&mut self, mut idx: u32, li: u16) -> u32 {
+    pub(super) fn insert_free(&mut self, mut idx: u32, li: u32) -> u32 {
         // Neighbours merge when they share a list, or one side is usable by every stream (the
         // result keeps the other side's stream restriction). All nodes of a slab share its pool.
         let mut tag = li;
@@ -117,7 +122,7 @@ impl Suballoc {
 
     /// Whether a free block of list `tag` may merge with a neighbour in list `other`.
     #[inline]
-    pub(super) fn joins(&self, tag: u16, other: u16) -> bool {
+    pub(super) fn joins(&self, tag: u32, other: u32) -> bool {
         other != USED && (other == tag || self.is_any(other) || self.is_any(tag))
     }
 
@@ -136,7 +141,7 @@ impl Suballoc {
         self.nodes.release(next);
     }
 
-    pub(super) fn push_free(&mut self, idx: u32, li: u16) {
+    pub(super) fn push_free(&mut self, idx: u32, li: u32) {
         let (fl, sl) = mapping(self.nodes[idx].size);
         let lists = &mut self.lists[li as usize];
         let head = lists.heads[fl * SL + sl];

@@ -64,7 +64,7 @@ impl Default for SuballocConfig {
 }
 
 const NIL: u32 = u32::MAX;
-const USED: u16 = u16::MAX;
+const USED: u32 = u32::MAX;
 /// Size pools: 0 for requests under 1 MiB (or all requests, unsegregated), else log2(size).
 const POOLS: usize = 64;
 const SL_BITS: u32 = 4;
@@ -83,7 +83,7 @@ struct Node {
     free_prev: u32,
     free_next: u32,
     /// Index of the free-list set holding this node, or USED.
-    list: u16,
+    list: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -111,12 +111,15 @@ pub struct Suballoc {
     /// space every stream may use (`list_stream` None).
     lists: Vec<FreeLists>,
     list_stream: Vec<Option<StreamId>>,
-    stream_lists: FastMap<(StreamId, u8), u16>,
-    /// The last stream seen in each pool and its list (`u16::MAX`: none yet): most programs use
-    /// one stream per pool, which then skips the map. Lists are never removed, so it never goes
-    /// stale.
-    last_list: [(StreamId, u16); POOLS],
-    any_list: [Option<u16>; POOLS],
+    stream_lists: FastMap<(StreamId, u8), u32>,
+    /// Free-list sets of streams whose memory was reclaimed ([`synchronize_stream`]), emptied
+    /// and ready for another stream: per-stream state stays bounded by the streams holding
+    /// memory freed on them.
+    spare_lists: Vec<u32>,
+    /// The last stream seen in each pool and its list (`u32::MAX`: none yet): most programs use
+    /// one stream per pool, which then skips the map. A list set given back is cleared from it.
+    last_list: [(StreamId, u32); POOLS],
+    any_list: [Option<u32>; POOLS],
     slabs: Slots<Slab>,
     empty: Vec<u32>,
     /// Reserved, used, pinned, consumed and empty bytes ([`accounting`]: the one owner).
@@ -152,7 +155,8 @@ impl Suballoc {
             lists: Vec::new(),
             list_stream: Vec::new(),
             stream_lists: FastMap::default(),
-            last_list: [(0, u16::MAX); POOLS],
+            spare_lists: Vec::new(),
+            last_list: [(0, u32::MAX); POOLS],
             any_list: [None; POOLS],
             slabs: Slots::new(),
             empty: Vec::new(),
@@ -461,10 +465,13 @@ impl Suballoc {
         released
     }
 
+    /// The stream's work is done: the blocks freed on it join the lists every stream uses, and
+    /// its emptied list sets are kept for the next new stream.
     pub(super) fn synchronize_stream(&mut self, stream: StreamId) {
         let keys: Vec<(StreamId, u8)> = self.stream_lists.keys().copied().filter(|k| k.0 == stream).collect();
-        for (_, pool) in keys {
-            let li = self.stream_lists[&(stream, pool)];
+        for key in keys {
+            let (_, pool) = key;
+            let li = self.stream_lists[&key];
             let mut members = Vec::new();
             for &head in &self.lists[li as usize].heads {
                 let mut i = head;
@@ -478,7 +485,18 @@ impl Suballoc {
                 self.remove_free(idx);
                 self.insert_free(idx, any);
             }
+            debug_assert!(self.lists[li as usize].is_empty(), "every member moved");
+            self.stream_lists.remove(&key);
+            if self.last_list[pool as usize].1 == li {
+                self.last_list[pool as usize] = (0, u32::MAX);
+            }
+            self.spare_lists.push(li);
         }
+    }
+
+    /// Free-list sets in use for streams (per (stream, size pool)).
+    pub fn stream_list_sets(&self) -> usize {
+        self.stream_lists.len()
     }
 
     pub(super) fn reserved_bytes(&self) -> u64 {
@@ -508,16 +526,22 @@ impl Suballoc {
         }
     }
 
-    fn new_list(&mut self, stream: Option<StreamId>) -> u16 {
-        let li = self.lists.len() as u16;
-        assert!(li < USED, "more than 65534 (stream, size pool) pairs");
+    /// A list set for `stream` (None: every stream's): a spare one, else a new one. Indices stay
+    /// under [`USED`]: list sets number at most the (stream, pool) pairs holding free memory
+    /// plus one per pool, and a node can hold at most one.
+    fn new_list(&mut self, stream: Option<StreamId>) -> u32 {
+        if let Some(li) = self.spare_lists.pop() {
+            self.list_stream[li as usize] = stream;
+            return li;
+        }
+        let li = self.lists.len() as u32;
         self.lists.push(FreeLists::new());
         self.list_stream.push(stream);
         li
     }
 
     /// The free lists of blocks freed on `stream` in `pool`.
-    fn stream_list(&mut self, stream: StreamId, pool: u8) -> u16 {
+    fn stream_list(&mut self, stream: StreamId, pool: u8) -> u32 {
         if let Some(li) = self.own_list(stream, pool) {
             return li;
         }
@@ -528,9 +552,9 @@ impl Suballoc {
 
     /// The free lists of `stream` in `pool`, if made: the per-pool memo, else the map.
     #[inline]
-    fn own_list(&mut self, stream: StreamId, pool: u8) -> Option<u16> {
+    fn own_list(&mut self, stream: StreamId, pool: u8) -> Option<u32> {
         let (s, li) = self.last_list[pool as usize];
-        if s == stream && li != u16::MAX {
+        if s == stream && li != u32::MAX {
             return Some(li);
         }
         let li = *self.stream_lists.get(&(stream, pool))?;
@@ -539,7 +563,7 @@ impl Suballoc {
     }
 
     /// The free lists every stream may use in `pool`.
-    fn any_list(&mut self, pool: u8) -> u16 {
+    fn any_list(&mut self, pool: u8) -> u32 {
         if let Some(li) = self.any_list[pool as usize] {
             return li;
         }
@@ -549,7 +573,7 @@ impl Suballoc {
     }
 
     #[inline]
-    fn is_any(&self, li: u16) -> bool {
+    fn is_any(&self, li: u32) -> bool {
         self.list_stream[li as usize].is_none()
     }
 

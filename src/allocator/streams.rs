@@ -1,0 +1,172 @@
+//! Stream-ordered reuse. A block freed on stream A is reused at once by A; other streams may use
+//! it once A's work up to the free has completed. The allocator remembers, for each stream it
+//! freed memory on, the operation count of its last free; the device says whether a stream's
+//! queued work is done ([`Device::stream_done`]: `cuStreamQuery` on CUDA, never a wait) or waits
+//! for it ([`Device::stream_wait`]). A done stream's memory moves to the shared lists and the
+//! stream is forgotten, so per-stream state stays bounded by the streams with work in flight.
+//!
+//! When: on the out-of-memory rung, for every stream but the requester's (queried first, then
+//! waited on, as PyTorch's `synchronize_and_free_events`), and when a free finds many streams
+//! remembered (queried; amortized O(1) a free). A single-stream program never pays for it.
+//! Reclaiming at the engine's ticks as well was measured and dropped: on every trace with 10%
+//! or 50% of its blocks moved to a second stream (examples/streams_eval.rs), it made 0.6-4.7%
+//! more driver allocations and one more case with a failure at passthrough's smallest
+//! capacity.
+
+use crate::device::Device;
+use crate::hash::FastMap;
+use crate::strategy::StreamId;
+
+use super::State;
+
+/// The streams with memory freed on them since their work was last known complete.
+#[derive(Debug, Default)]
+pub(super) struct FreedOn {
+    /// The stream of the last free and that free's operation count (0: none since it was
+    /// reclaimed): a one-entry memo, so that a free on the same stream as the last costs a
+    /// compare and a store.
+    last: (StreamId, u64),
+    /// Every other stream, with the operation count of its last free.
+    others: FastMap<StreamId, u64>,
+    /// Streams remembered past which a switch asks for a reclaim (0: [`CROWDED`]); after
+    /// one, twice what remains, so the queries stay amortized O(1) per free.
+    crowded_at: usize,
+}
+
+/// Streams remembered before the first reclaim that a free itself asks for.
+const CROWDED: usize = 64;
+
+impl FreedOn {
+    /// Records a free on `stream` at operation `op`; true when so many streams are remembered
+    /// that the caller should reclaim. Cost: a compare and a store; a switch of stream is cold.
+    #[inline]
+    pub fn note(&mut self, stream: StreamId, op: u64) -> bool {
+        let crowded = stream != self.last.0 && self.switch(stream);
+        self.last.1 = op;
+        crowded
+    }
+
+    #[cold]
+    fn switch(&mut self, stream: StreamId) -> bool {
+        let (old, at) = self.last;
+        if at > 0 {
+            self.others.insert(old, at);
+        }
+        self.last = (stream, self.others.remove(&stream).unwrap_or(0));
+        self.others.len() >= self.crowded_at.max(CROWDED)
+    }
+
+    /// After a reclaim: the next one when twice as many streams as remain are remembered.
+    fn reclaimed(&mut self) {
+        self.crowded_at = 2 * self.len();
+    }
+
+    /// More than one stream holds memory freed on it.
+    #[cfg(test)]
+    fn several(&self) -> bool {
+        !self.others.is_empty()
+    }
+
+    /// The streams and the operation counts of their last frees.
+    fn entries(&self) -> Vec<(StreamId, u64)> {
+        let mut v: Vec<(StreamId, u64)> = self.others.iter().map(|(&s, &at)| (s, at)).collect();
+        if self.last.1 > 0 {
+            v.push(self.last);
+        }
+        v.sort_unstable();
+        v
+    }
+
+    /// Forgets `stream` (its work is done).
+    pub fn forget(&mut self, stream: StreamId) {
+        if self.last.0 == stream {
+            self.last.1 = 0;
+        }
+        self.others.remove(&stream);
+    }
+
+    /// Streams remembered.
+    pub fn len(&self) -> usize {
+        self.others.len() + usize::from(self.last.1 > 0)
+    }
+}
+
+impl State {
+    /// Makes the memory freed on every stream whose work is done (all but `except`) usable by
+    /// every stream; with `wait`, waits for the others' work first. Returns how many streams
+    /// were reclaimed. Slow path: a device query per stream remembered.
+    #[cold]
+    pub(super) fn reclaim_streams(&mut self, dev: &dyn Device, except: Option<StreamId>, wait: bool) -> usize {
+        let mut reclaimed = 0;
+        for (stream, freed_at) in self.freed_on.entries() {
+            if Some(stream) == except {
+                continue;
+            }
+            let done = if dev.stream_done(stream, freed_at, self.op) {
+                self.stats.stream_reclaims += 1;
+                true
+            } else if wait {
+                self.stats.stream_waits += 1;
+                match dev.stream_wait(stream) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(stream, error = %e, "cannot wait for the stream; its memory stays with it");
+                        false
+                    }
+                }
+            } else {
+                false
+            };
+            if done {
+                self.synchronize_strategies(stream);
+                reclaimed += 1;
+            }
+        }
+        self.freed_on.reclaimed();
+        reclaimed
+    }
+
+    /// The stream's work is done: its freed memory serves every stream, and it is forgotten.
+    pub(super) fn synchronize_strategies(&mut self, stream: StreamId) {
+        for s in &mut self.strategies {
+            s.synchronize_stream(stream);
+        }
+        self.freed_on.forget(stream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memo_keeps_the_last_stream_and_the_map_the_others() {
+        let mut f = FreedOn::default();
+        assert!(!f.note(0, 1));
+        f.note(0, 2);
+        assert!(!f.several());
+        assert_eq!(f.entries(), [(0, 2)]);
+        f.note(7, 3);
+        assert!(f.several());
+        f.note(0, 4);
+        assert_eq!(f.entries(), [(0, 4), (7, 3)]);
+        f.forget(0);
+        assert_eq!((f.entries(), f.len()), (vec![(7, 3)], 1));
+        f.note(7, 5);
+        assert_eq!(f.entries(), [(7, 5)]);
+        assert!(!f.several(), "the memo holds the only stream");
+    }
+
+    #[test]
+    fn a_switch_asks_for_a_reclaim_when_crowded_and_the_limit_doubles() {
+        let mut f = FreedOn::default();
+        let asks: Vec<u64> = (1..=CROWDED as u64 + 1).filter(|&s| f.note(s, s)).collect();
+        assert_eq!(asks, [CROWDED as u64 + 1], "at {CROWDED} others");
+        // A reclaim that freed nothing (65 remembered): the next ask when the others reach 130.
+        f.reclaimed();
+        let next = (CROWDED as u64 + 2..10 * CROWDED as u64)
+            .find(|&s| f.note(s, s))
+            .unwrap();
+        assert_eq!(next as usize - 1, 2 * (CROWDED + 1));
+    }
+}
