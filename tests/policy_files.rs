@@ -56,6 +56,8 @@ fn broken_policy_files_name_file_line_and_key() {
         ("[bogus]\n", "p.toml:1", "bogus"),
         ("[bounds]\nheadroom = \"150%\"\n", "p.toml:2", "percentage"),
         ("[suballoc]\ngrowth = 99.0\n", "suballoc.growth", "0..16"),
+        ("[suballoc]\nloose_growth = nan\n", "suballoc.loose_growth", "0..16"),
+        ("[suballoc]\nloose_growth = -1.0\n", "suballoc.loose_growth", "0..16"),
         ("[bounds]\nspare_share = 1.5\n", "bounds.spare_share", "0..1"),
         ("[bounds]\nspare_share = \"half\"\n", "p.toml:2", "spare_share"),
         (

@@ -30,6 +30,27 @@ pub struct WorkloadSpec {
     pub phases: Vec<Phase>,
 }
 
+/// The most events a workload may generate: its trace is held in memory (40 bytes an event).
+pub const MAX_EVENTS: u64 = 20_000_000;
+
+impl Phase {
+    /// An upper bound on the events the phase generates (wide, so no spec overflows it).
+    fn most_events(&self) -> u128 {
+        let n = u128::from;
+        match self {
+            // Weights, then per step and layer an activation, a workspace, an incoming gradient
+            // and a weight gradient (an alloc and a free each), then optimizer state.
+            Phase::Training(t) => {
+                2 * n(t.layers) + 8 * n(t.steps) * n(t.layers) + 2 * n(t.layers) * n(t.optimizer_states)
+            }
+            // Per request a prefill and a first cache; per token at most a step temporary and a
+            // cache reallocation (two events each).
+            Phase::Serving(s) => 2 + n(s.requests) * (4 + 4 * n(s.max_tokens)),
+            Phase::Churn(c) => 2 * n(c.operations) + 2 * n(c.max_live),
+        }
+    }
+}
+
 /// One phase of a workload.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -166,6 +187,16 @@ impl WorkloadSpec {
                 }
                 _ => {}
             }
+        }
+        let events: u128 = self.phases.iter().map(Phase::most_events).sum();
+        if events > MAX_EVENTS as u128 {
+            return bad(
+                "phase",
+                format!("up to {events} events"),
+                &format!(
+                    "a workload may generate at most {MAX_EVENTS} events (40 bytes each in memory); lower steps, layers, requests, max_tokens or operations"
+                ),
+            );
         }
         Ok(())
     }
@@ -364,6 +395,12 @@ mod tests {
 
     #[test]
     fn bad_specs_name_the_key() {
+        let huge = "name = \"x\"\n[[phase]]\nkind = \"training\"\nsteps = 4000000000\nlayers = 4000000000\nweight_bytes = 1\nactivation_bytes = 1\nworkspace_bytes = 1\n";
+        let err = WorkloadSpec::from_toml_str(huge, "w.toml").unwrap_err().to_string();
+        assert!(
+            err.contains("w.toml") && err.contains("at most 20000000 events"),
+            "{err}"
+        );
         let err = WorkloadSpec::from_toml_str("name = \"x\"\n[[phase]]\nkind = \"training\"\nsteps = 1\n", "w.toml")
             .unwrap_err();
         assert!(err.to_string().contains("w.toml"), "{err}");

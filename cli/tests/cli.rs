@@ -311,6 +311,10 @@ fn bad_input_is_a_one_line_error_with_exit_code_2() {
     }
     assert!(fails(&["compare", "--capacity-factor=-1"]).contains("capacity-factor"));
     assert!(fails(&["compare", "--capacity=0"]).contains("capacity"));
+    for n in ["0", "10001"] {
+        let err = fails(&["compare", "--repeat", n]);
+        assert!(err.contains("--repeat") && err.contains("1..=10000"), "{n}: {err}");
+    }
 }
 
 #[test]

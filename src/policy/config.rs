@@ -410,11 +410,18 @@ impl Policy {
                 "need 0 < min_slab <= max_slab",
             );
         }
-        if !(0.0..=16.0).contains(&s.growth) || s.growth.is_nan() {
+        if !(0.0..=16.0).contains(&s.growth) {
             return bad(
                 "suballoc.growth",
                 s.growth.to_string(),
                 "a factor within 0..16 (0.25 is typical)",
+            );
+        }
+        if !(0.0..=16.0).contains(&s.loose_growth) {
+            return bad(
+                "suballoc.loose_growth",
+                s.loose_growth.to_string(),
+                "a factor within 0..16 (0.25 is the default)",
             );
         }
         let b = &self.bounds;

@@ -107,6 +107,9 @@ pub fn parse_snapshot(bytes: &[u8], file: &str) -> Result<Trace, TraceError> {
         };
         let tag = (device as u64) << 56;
         let mut live: HashMap<u64, ()> = HashMap::new();
+        // Zero-size allocations hold no memory: skipped with their frees (an allocator refuses
+        // them, and the CSV format has no size 0).
+        let mut empty: HashMap<u64, ()> = HashMap::new();
         for (i, d) in dicts.into_iter().enumerate() {
             let Some(act) = text(d, "action") else {
                 return Err(bad(format!("device_traces[{device}][{i}]: no `action` string")));
@@ -121,13 +124,26 @@ pub fn parse_snapshot(bytes: &[u8], file: &str) -> Result<Trace, TraceError> {
                 num("addr").ok_or_else(|| bad(format!("device_traces[{device}][{i}] ({act}): no integer `addr`")))?;
             let size =
                 num("size").ok_or_else(|| bad(format!("device_traces[{device}][{i}] ({act}): no integer `size`")))?;
+            let stream = match field(d, "stream") {
+                None => 0,
+                Some(v) => as_u64(v).ok_or_else(|| {
+                    bad(format!(
+                        "device_traces[{device}][{i}] ({act}): stream {v:?} is not a stream handle (a non-negative integer)"
+                    ))
+                })?,
+            };
             let id = addr | tag;
             match op {
+                Op::Alloc if size == 0 => {
+                    empty.insert(id, ());
+                    continue;
+                }
                 Op::Alloc => {
                     live.insert(id, ());
                 }
                 Op::Free => {
                     if live.remove(&id).is_none() {
+                        empty.remove(&id);
                         continue;
                     }
                 }
@@ -137,7 +153,7 @@ pub fn parse_snapshot(bytes: &[u8], file: &str) -> Result<Trace, TraceError> {
                 timestamp_ns: num("time_us").unwrap_or(0).saturating_mul(1000),
                 id,
                 size,
-                stream: num("stream").unwrap_or(0),
+                stream,
             });
         }
     }
@@ -146,4 +162,31 @@ pub fn parse_snapshot(bytes: &[u8], file: &str) -> Result<Trace, TraceError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     Trace::from_events(name, events, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// pickle.dumps(protocol=2) of a snapshot with one device: an allocation of size 0 at 0x1000,
+    /// one of 512 bytes at 0x2000 on stream 0, and the free of the first.
+    const ZERO_SIZE: &[u8] = b"\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\r\x00\x00\x00device_tracesq\x03]q\x04]q\x05(}q\x06(X\x06\x00\x00\x00actionq\x07X\x05\x00\x00\x00allocq\x08X\x04\x00\x00\x00addrq\tM\x00\x10X\x04\x00\x00\x00sizeq\nK\x00X\x06\x00\x00\x00streamq\x0bK\x00X\x07\x00\x00\x00time_usq\x0cK\x01u}q\r(h\x07h\x08h\tM\x00 h\nM\x00\x02h\x0bK\x00h\x0cK\x02u}q\x0e(h\x07X\x0e\x00\x00\x00free_completedq\x0fh\tM\x00\x10h\nK\x00h\x0bK\x00h\x0cK\x03ueau.";
+    /// The same with the 512-byte allocation on stream -1.
+    const NEGATIVE_STREAM: &[u8] = b"\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\r\x00\x00\x00device_tracesq\x03]q\x04]q\x05(}q\x06(X\x06\x00\x00\x00actionq\x07X\x05\x00\x00\x00allocq\x08X\x04\x00\x00\x00addrq\tM\x00\x10X\x04\x00\x00\x00sizeq\nK\x00X\x06\x00\x00\x00streamq\x0bK\x00X\x07\x00\x00\x00time_usq\x0cK\x01u}q\r(h\x07h\x08h\tM\x00 h\nM\x00\x02h\x0bJ\xff\xff\xff\xffh\x0cK\x02u}q\x0e(h\x07X\x0e\x00\x00\x00free_completedq\x0fh\tM\x00\x10h\nK\x00h\x0bK\x00h\x0cK\x03ueau.";
+
+    #[test]
+    fn zero_size_allocations_are_skipped_with_their_frees() {
+        let t = parse_snapshot(ZERO_SIZE, "z.pickle").unwrap();
+        assert_eq!(t.events.len(), 1, "{:?}", t.events);
+        assert_eq!((t.events[0].size, t.events[0].id), (512, 0x2000));
+    }
+
+    #[test]
+    fn a_negative_stream_is_an_error_that_names_it() {
+        let err = parse_snapshot(NEGATIVE_STREAM, "n.pickle").unwrap_err().to_string();
+        assert!(
+            err.contains("n.pickle") && err.contains("device_traces[0][1]") && err.contains("stream"),
+            "{err}"
+        );
+    }
 }

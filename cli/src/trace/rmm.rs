@@ -34,6 +34,9 @@ pub fn parse_rmm(bytes: &[u8], file: &str, lenient: bool) -> Result<Trace, Trace
     })?;
     let mut events = Vec::new();
     let mut last = 0u64;
+    // Zero-size allocations hold no memory: skipped with their frees (an allocator refuses
+    // them, and the CSV format has no size 0).
+    let mut empty = std::collections::HashSet::new();
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         let line = line.trim();
@@ -70,6 +73,14 @@ pub fn parse_rmm(bytes: &[u8], file: &str, lenient: bool) -> Result<Trace, Trace
         let id = parse_int(f[3]).ok_or_else(|| err(format!("pointer {:?} is not a hex or decimal integer", f[3])))?;
         let size = parse_int(f[4]).ok_or_else(|| err(format!("size {:?} is not a non-negative integer", f[4])))?;
         let stream = parse_int(f[5]).ok_or_else(|| err(format!("stream {:?} is not an integer", f[5])))?;
+        match op {
+            Op::Alloc if size == 0 => {
+                empty.insert(id);
+                continue;
+            }
+            Op::Free if empty.remove(&id) => continue,
+            _ => {}
+        }
         // RMM logs from several threads may interleave slightly out of order: keep time monotone.
         last = last.max(ts);
         events.push((
@@ -96,6 +107,11 @@ mod tests {
         let t = parse_rmm(log.as_bytes(), "r.csv", false).unwrap();
         assert_eq!(t.events.len(), 2);
         assert_eq!(t.events[1].timestamp_ns, 28_800_500_000_000);
+        // A zero-size allocation and its free hold no memory: skipped, not a failed request.
+        let zero = "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x0,0,0\n1,0.2,allocate,0x100,512,0\n1,0.3,free,0x0,0,0\n";
+        let t = parse_rmm(zero.as_bytes(), "z.csv", false).unwrap();
+        assert_eq!(t.events.len(), 1);
+        assert_eq!(t.events[0].size, 512);
         let bad = "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,grab,0x1,2,0\n";
         assert!(
             parse_rmm(bad.as_bytes(), "r.csv", false)

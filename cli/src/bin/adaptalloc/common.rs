@@ -35,8 +35,8 @@ impl CapacityArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ReplayArgs {
     /// Replay each trace N times back to back (N training steps; blocks still live at the end
-    /// of a pass are freed between passes).
-    #[arg(long, default_value_t = 1)]
+    /// of a pass are freed between passes): 1 to 10,000.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub repeat: u32,
     /// A co-tenant, e.g. 2GiB@0.3..0.6: takes 2 GiB at 30% of the events, frees it at 60%.
     #[arg(long)]

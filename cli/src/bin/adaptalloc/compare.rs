@@ -39,7 +39,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = CompareOptions {
         contenders: contenders(&args.strategies)?,
         capacity: args.capacity.capacity()?,
-        repeat: args.run.repeat.max(1),
+        repeat: args.run.repeat,
         tenant: args.run.tenant,
         pytorch_conf: args.run.pytorch_conf.clone(),
         sync_every: args.run.sync_every,

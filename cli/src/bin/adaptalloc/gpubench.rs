@@ -31,8 +31,8 @@ pub struct Args {
     /// Fewer timing repetitions (a smoke run).
     #[arg(long)]
     quick: bool,
-    /// Replay each trace N times back to back.
-    #[arg(long, default_value_t = 1)]
+    /// Replay each trace N times back to back: 1 to 10,000.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     repeat: u32,
     /// Skip frees of ids that are not live instead of failing.
     #[arg(long)]

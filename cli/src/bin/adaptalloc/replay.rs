@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let granule = Granularity::default().large_granule;
     let capacity = args.capacity.capacity()?.bytes_for(trace.peak_live_bytes(), granule);
-    let repeat = args.run.repeat.max(1);
+    let repeat = args.run.repeat;
     let events = trace.events.len() as u64 * repeat as u64;
     let script = args.run.tenant.map(|t| t.script(events)).unwrap_or_default();
     let dev = Arc::new(SimDevice::builder().capacity(capacity).tenants(script).build());
