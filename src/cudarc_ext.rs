@@ -28,14 +28,25 @@ pub struct AdaptSlice<T> {
 
 impl<T: DeviceRepr> AdaptSlice<T> {
     /// `len` elements of `T` on `stream`, uninitialized (zero them with `memset_zeros` before
-    /// reading). Errors as [`Allocator::allocate_raw`].
+    /// reading). Errors as [`Allocator::allocate_raw`], and [`AllocError::WrongDevice`] when the
+    /// allocator's device is not the stream's CUDA device, [`AllocError::SizeOverflow`] when
+    /// `len` elements do not fit in a 64-bit size.
     pub fn new(alloc: &Allocator, stream: &Arc<CudaStream>, len: usize) -> Result<Self, AllocError> {
-        let bytes = (len.max(1) * std::mem::size_of::<T>().max(1)) as u64;
+        let stream_device = stream.context().ordinal() as u64;
+        let device = alloc.device();
+        if device.cuda_ordinal().and_then(|o| u64::try_from(o).ok()) != Some(stream_device) {
+            return Err(AllocError::WrongDevice {
+                allocator: device.name(),
+                stream_device,
+            });
+        }
+        let bytes = slice_bytes(len, std::mem::size_of::<T>())?;
         let sid = stream_id(stream);
         let ptr = alloc.allocate_raw(bytes, sid)?;
-        // SAFETY: `ptr` is a live allocation of at least `len * size_of::<T>()` bytes on this
-        // stream's device, owned by us until Drop leaks the slice back and frees it; the
-        // contents are uninitialized, as the type's docs say.
+        // SAFETY: `ptr` is a live allocation of at least `len * size_of::<T>()` bytes (checked
+        // above, no overflow) from this allocator, whose device is the stream's CUDA device
+        // (checked above); it is ours until Drop leaks the slice back and frees it; the contents
+        // are uninitialized, as the type's docs say.
         let slice = unsafe { stream.upgrade_device_ptr::<T>(ptr, len) };
         Ok(AdaptSlice {
             slice: ManuallyDrop::new(slice),
@@ -43,6 +54,13 @@ impl<T: DeviceRepr> AdaptSlice<T> {
             stream: sid,
         })
     }
+}
+
+/// Bytes of `len` elements of `elem` bytes (at least 1: a zero-size slice still takes a block).
+fn slice_bytes(len: usize, elem: usize) -> Result<u64, AllocError> {
+    let (len, elem) = (len.max(1) as u64, elem.max(1) as u64);
+    len.checked_mul(elem)
+        .ok_or(AllocError::SizeOverflow { len, elem_bytes: elem })
 }
 
 impl<T> Deref for AdaptSlice<T> {
@@ -67,5 +85,20 @@ impl<T> Drop for AdaptSlice<T> {
         if let Err(e) = self.alloc.deallocate(ptr, self.stream) {
             tracing::error!(ptr, error = %e, "returning a cudarc slice to adaptalloc failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_checked_for_overflow() {
+        assert_eq!(slice_bytes(0, 4).unwrap(), 4);
+        assert_eq!(slice_bytes(1 << 20, 4).unwrap(), 4 << 20);
+        assert!(matches!(
+            slice_bytes(usize::MAX, 8),
+            Err(AllocError::SizeOverflow { elem_bytes: 8, .. })
+        ));
     }
 }

@@ -83,6 +83,17 @@ pub enum AllocError {
     )]
     StreamMismatch { ptr: u64, allocated_on: u64, freed_on: u64 },
 
+    /// A request whose size in bytes does not fit in 64 bits (`len` elements of `elem_bytes`).
+    #[error("{len} elements of {elem_bytes} bytes overflow a 64-bit size; ask for fewer")]
+    SizeOverflow { len: u64, elem_bytes: u64 },
+
+    /// Memory of an allocator on one device asked for on a stream of another (or the allocator's
+    /// device is not a CUDA device).
+    #[error(
+        "the allocator's device ({allocator}) is not the stream's CUDA device {stream_device}; use an allocator of that device"
+    )]
+    WrongDevice { allocator: String, stream_device: u64 },
+
     /// A device error that is not out-of-memory (no driver, a driver failure).
     #[error(transparent)]
     Device(#[from] DeviceError),

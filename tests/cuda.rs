@@ -102,3 +102,22 @@ fn a_page_mapped_twice_on_a_gpu_is_memory_once() {
     vmm.unreserve(b).unwrap();
     assert!(again.is_err(), "nothing is mapped at a any more");
 }
+
+/// AdaptSlice refuses an allocator whose device is not the stream's (a simulated one here),
+/// and serves one on the stream's device.
+#[test]
+fn adapt_slice_checks_the_allocator_device() {
+    use adaptalloc::cudarc_ext::AdaptSlice;
+    use adaptalloc::{AllocError, SimDevice};
+    let Some(dev) = device() else { return };
+    let ctx = cudarc::driver::CudaContext::new(0).expect("a context on device 0");
+    let stream = ctx.default_stream();
+    let sim = Allocator::adaptive(Arc::new(SimDevice::new(1 << 30)));
+    match AdaptSlice::<f32>::new(&sim, &stream, 1024) {
+        Err(AllocError::WrongDevice { stream_device: 0, .. }) => {}
+        other => panic!("expected WrongDevice, got {other:?}"),
+    }
+    let alloc = Allocator::adaptive(Arc::new(dev));
+    let slice = AdaptSlice::<f32>::new(&alloc, &stream, 1024).expect("the stream's device");
+    assert_eq!(slice.len(), 1024);
+}

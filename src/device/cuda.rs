@@ -221,6 +221,10 @@ impl Device for CudaDevice {
         })
     }
 
+    fn cuda_ordinal(&self) -> Option<i32> {
+        Some(self.ordinal)
+    }
+
     fn stats(&self) -> DeviceStats {
         *self.stats.lock()
     }

@@ -48,6 +48,9 @@ impl Device for Metered {
     fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
         self.inner.stream_wait(stream)
     }
+    fn cuda_ordinal(&self) -> Option<i32> {
+        self.inner.cuda_ordinal()
+    }
     fn stats(&self) -> DeviceStats {
         self.inner.stats()
     }

@@ -128,6 +128,11 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         let _ = stream;
         Ok(())
     }
+    /// The CUDA device ordinal whose memory this device hands out; None for a device that is
+    /// not a CUDA device (a simulated one).
+    fn cuda_ordinal(&self) -> Option<i32> {
+        None
+    }
     /// What this device has done so far.
     fn stats(&self) -> DeviceStats;
     /// A short human name ("SimDevice 16GiB", "NVIDIA H200").
