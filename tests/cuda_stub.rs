@@ -9,7 +9,7 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 
-use adaptalloc::{AllocError, CudaDevice, Device, DeviceError};
+use adaptalloc::{AllocError, Allocator, CudaDevice, Device, DeviceError};
 use adaptalloc_cli::compare::Contender;
 use adaptalloc_cli::synth::WorkloadSpec;
 use adaptalloc_cli::trace::replay;
@@ -172,4 +172,96 @@ fn child() {
     drop(alloc);
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
     println!("stub checks passed");
+}
+
+const CONTEXT_CHILD: &str = "ADAPTALLOC_STUB_CONTEXT_CHILD";
+
+/// With two devices on the stub (which tracks the current context per thread, allocates on the
+/// current context's device and frees only there): every CudaDevice entry point leaves the
+/// caller's current context as it found it, and each device's allocator uses its own context.
+#[test]
+fn every_entry_point_restores_the_callers_context() {
+    if std::env::var_os(CONTEXT_CHILD).is_some() {
+        return context_child();
+    }
+    let Some(dir) = stub_or_skip("context") else {
+        return;
+    };
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "every_entry_point_restores_the_callers_context",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(CONTEXT_CHILD, "1")
+    .env("STUB_CUDA_DEVICES", "2");
+    let (ok, text) = run_on_stub(&mut cmd, &dir, CAPACITY);
+    assert!(ok, "child failed:\n{text}");
+    assert!(text.contains("context checks passed"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn current() -> cudarc::driver::sys::CUcontext {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: a live out-pointer; the stub is loaded (checked by the caller).
+    let r = unsafe { cudarc::driver::sys::cuCtxGetCurrent(&mut ctx) };
+    assert_eq!(r, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    ctx
+}
+
+fn context_child() {
+    use cudarc::driver::sys;
+    let (d0, d1) = (
+        Arc::new(CudaDevice::new(0).unwrap()),
+        Arc::new(CudaDevice::new(1).unwrap()),
+    );
+    let mut ctx0 = std::ptr::null_mut();
+    // SAFETY: a live out-pointer; device 0 exists on the stub.
+    unsafe {
+        assert_eq!(sys::cuDevicePrimaryCtxRetain(&mut ctx0, 0), sys::CUresult::CUDA_SUCCESS);
+    }
+    // The caller has no context, then device 0's: calls on device 1 change neither.
+    for caller in [std::ptr::null_mut(), ctx0] {
+        // SAFETY: null or a context retained above.
+        unsafe { assert_eq!(sys::cuCtxSetCurrent(caller), sys::CUresult::CUDA_SUCCESS) };
+        let check = |what: &str| assert_eq!(current(), caller, "{what} changed the caller's context");
+        let p = d1.allocate(1 << 20).unwrap();
+        check("allocate");
+        d1.free(p).unwrap();
+        check("free");
+        d1.mem_info().unwrap();
+        check("mem_info");
+        assert!(d1.stream_done(0, 0, 0));
+        check("stream_done");
+        d1.stream_wait(0).unwrap();
+        check("stream_wait");
+        let vmm = d1.vmm().unwrap();
+        let va = vmm.reserve(2 << 20).unwrap();
+        vmm.map(va, 2 << 20).unwrap();
+        vmm.unmap(va, 2 << 20).unwrap();
+        vmm.unreserve(va).unwrap();
+        check("vmm");
+        // Two allocators, one per device, interleaved: each frees on its own device's context
+        // (the stub refuses a free from another device's). The stub's devices share one capacity.
+        let (a0, a1) = (
+            Allocator::adaptive(d0.clone() as Arc<dyn Device>),
+            Allocator::adaptive(d1.clone() as Arc<dyn Device>),
+        );
+        let blocks: Vec<_> = (0..16)
+            .map(|i| {
+                let a = if i % 2 == 0 { &a0 } else { &a1 };
+                (i % 2, a.allocate_raw(3 << 20, 0).unwrap())
+            })
+            .collect();
+        for (i, p) in blocks {
+            let a = if i == 0 { &a0 } else { &a1 };
+            a.deallocate(p, 0).unwrap();
+        }
+        drop((a0, a1));
+        check("two allocators");
+    }
+    assert_eq!(d0.mem_info().unwrap().free, CAPACITY, "every byte back");
+    println!("context checks passed");
 }

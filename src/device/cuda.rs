@@ -77,7 +77,6 @@ impl CudaDevice {
                 "cuDevicePrimaryCtxRetain",
                 sys::cuDevicePrimaryCtxRetain(&mut context, device),
             )?;
-            check("cuCtxSetCurrent", sys::cuCtxSetCurrent(context))?;
             check(
                 "cuDeviceGetName",
                 sys::cuDeviceGetName(name_buf.as_mut_ptr(), name_buf.len() as i32, device),
@@ -128,15 +127,46 @@ impl CudaDevice {
         }
     }
 
-    pub(super) fn make_current(&self) -> Result<(), DeviceError> {
+    /// Makes this device's primary context current on this thread until the guard drops, then
+    /// restores the caller's (every entry point leaves the thread's current context as it found
+    /// it). Cost when ours is current already: one cuCtxGetCurrent.
+    pub(super) fn make_current(&self) -> Result<CurrentContext, DeviceError> {
+        let mut previous: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `previous` is a live local out-pointer.
+        check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut previous) })?;
+        if previous == self.context {
+            return Ok(CurrentContext { restore: None });
+        }
         // SAFETY: the context was retained in `new` and is released only in Drop.
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.context) })
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.context) })?;
+        Ok(CurrentContext {
+            restore: Some(previous),
+        })
+    }
+}
+
+/// The caller's current context, restored when dropped ([`CudaDevice::make_current`]).
+#[must_use = "the caller's context is restored when the guard drops"]
+pub(super) struct CurrentContext {
+    restore: Option<sys::CUcontext>,
+}
+
+impl Drop for CurrentContext {
+    fn drop(&mut self) {
+        if let Some(previous) = self.restore {
+            // SAFETY: `previous` was current on this thread when the guard was made (null, or a
+            // context the caller holds); setting it back is what the caller had.
+            let r = unsafe { sys::cuCtxSetCurrent(previous) };
+            if let Err(e) = check("cuCtxSetCurrent", r) {
+                tracing::error!(error = %e, "cannot restore the caller's CUDA context");
+            }
+        }
     }
 }
 
 impl Device for CudaDevice {
     fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         let mut ptr: sys::CUdeviceptr = 0;
         let start = Instant::now();
         // SAFETY: `ptr` is a live local; the context is current on this thread.
@@ -160,7 +190,7 @@ impl Device for CudaDevice {
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         let start = Instant::now();
         // SAFETY: callers pass pointers from `allocate` (the allocator's map guarantees it).
         let result = unsafe { sys::cuMemFree_v2(ptr) };
@@ -173,7 +203,7 @@ impl Device for CudaDevice {
     }
 
     fn mem_info(&self) -> Result<MemInfo, DeviceError> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: both out-pointers are live locals; the context is current.
         check("cuMemGetInfo_v2", unsafe {
@@ -197,9 +227,9 @@ impl Device for CudaDevice {
     /// `cuStreamQuery` on `stream` read as a `CUstream` handle (what the C ABI passes; 0 is
     /// the legacy default stream). Not ready, or any error (logged), reads as not done.
     fn stream_done(&self, stream: crate::strategy::StreamId, _freed_at: u64, _now: u64) -> bool {
-        if self.make_current().is_err() {
+        let Ok(_current) = self.make_current() else {
             return false;
-        }
+        };
         // SAFETY: the caller names a stream it allocated on, which is live while it has work
         // or memory with us; the context is current. The driver only reads the handle.
         let r = unsafe { sys::cuStreamQuery(stream as usize as sys::CUstream) };
@@ -214,7 +244,7 @@ impl Device for CudaDevice {
     }
 
     fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         // SAFETY: as in `stream_done`.
         check("cuStreamSynchronize", unsafe {
             sys::cuStreamSynchronize(stream as usize as sys::CUstream)

@@ -28,7 +28,7 @@ unsafe impl Sync for CudaPool {}
 
 impl CudaPool {
     pub fn new(cuda: Arc<CudaDevice>) -> Result<Self, DeviceError> {
-        cuda.make_current()?;
+        let _current = cuda.make_current()?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `pool` is a valid out-pointer; the device handle comes from a live CudaDevice.
         check("cuDeviceGetDefaultMemPool", unsafe {
@@ -48,7 +48,7 @@ impl CudaPool {
 
     /// One timed cuMemAllocAsync (ns) and its pointer.
     pub fn alloc_async(&self, bytes: u64) -> Result<(DevicePtr, u64), DeviceError> {
-        self.cuda.make_current()?;
+        let _current = self.cuda.make_current()?;
         let mut ptr: sys::CUdeviceptr = 0;
         let t = Instant::now();
         // SAFETY: `ptr` is a valid out-pointer; the null stream is the legacy default stream.
@@ -60,7 +60,7 @@ impl CudaPool {
 
     /// One timed cuMemFreeAsync (ns).
     pub fn free_async(&self, ptr: DevicePtr) -> Result<u64, DeviceError> {
-        self.cuda.make_current()?;
+        let _current = self.cuda.make_current()?;
         let t = Instant::now();
         // SAFETY: `ptr` came from cuMemAllocAsync on this pool and is freed once.
         let r = unsafe { sys::cuMemFreeAsync(ptr, std::ptr::null_mut()) };
@@ -71,7 +71,7 @@ impl CudaPool {
 
     /// Waits for the stream-ordered frees to complete.
     pub fn synchronize(&self) -> Result<(), DeviceError> {
-        self.cuda.make_current()?;
+        let _current = self.cuda.make_current()?;
         // SAFETY: the null stream is always valid.
         check("cuStreamSynchronize", unsafe {
             sys::cuStreamSynchronize(std::ptr::null_mut())

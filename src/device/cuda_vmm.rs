@@ -121,7 +121,7 @@ impl CudaDevice {
     /// failure changes nothing. One driver allocation in the stats, and `bytes` more allocated
     /// when the pages are new.
     fn map_range(&self, ptr: DevicePtr, src: Option<DevicePtr>, bytes: u64) -> Result<(), DeviceError> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         let page = self.page();
         let start = Instant::now();
         let mut done = 0;
@@ -154,7 +154,7 @@ impl CudaDevice {
     /// Unmaps `ptr..ptr+bytes`: one driver free in the stats, `bytes` fewer allocated when the
     /// range held the first mappings of its pages.
     fn unmap_range(&self, ptr: DevicePtr, bytes: u64, first: bool) -> Result<(), DeviceError> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         let start = Instant::now();
         let result = self.unmap_pages(ptr, bytes);
         let mut stats = self.stats.lock();
@@ -187,7 +187,7 @@ impl VirtualMemory for CudaDevice {
     }
 
     fn reserve(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` is a live local; address space only, no memory is consumed.
         check("cuMemAddressReserve", unsafe {
@@ -198,7 +198,7 @@ impl VirtualMemory for CudaDevice {
     }
 
     fn unreserve(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
-        self.make_current()?;
+        let _current = self.make_current()?;
         let Some(bytes) = self.reservations.lock().remove(&ptr) else {
             return Err(DeviceError::UnknownPointer { ptr });
         };

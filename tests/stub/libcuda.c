@@ -11,13 +11,31 @@ typedef int CUdevice;
 typedef void *CUcontext;
 typedef uint64_t CUdeviceptr;
 
-enum { SUCCESS = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_DEVICE = 101 };
-enum { MAX_BLOCKS = 1 << 16 };
+enum { SUCCESS = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_DEVICE = 101,
+       INVALID_CONTEXT = 201 };
+enum { MAX_BLOCKS = 1 << 16, MAX_DEVICES = 8 };
 
-static struct { CUdeviceptr ptr; size_t size; } blocks[MAX_BLOCKS];
+/* Each block remembers the device whose context was current when it was allocated; freeing it
+ * needs that context current again. Devices share one capacity. */
+static struct { CUdeviceptr ptr; size_t size; int dev; } blocks[MAX_BLOCKS];
 static size_t used, capacity;
 static int initialized;
-static int context_token;
+/* One primary context per device (STUB_CUDA_DEVICES, default 1), current per thread as in CUDA. */
+static int context_tokens[MAX_DEVICES];
+static __thread CUcontext current;
+
+static int devices(void) {
+    const char *env = getenv("STUB_CUDA_DEVICES");
+    int n = env ? atoi(env) : 1;
+    return n < 1 ? 1 : n > MAX_DEVICES ? MAX_DEVICES : n;
+}
+
+/* The device whose context is current on this thread, or -1. */
+static int current_device(void) {
+    for (int d = 0; d < devices(); d++)
+        if (current == &context_tokens[d]) return d;
+    return -1;
+}
 
 static size_t cap(void) {
     if (!capacity) {
@@ -31,29 +49,40 @@ CUresult cuInit(unsigned flags) { (void)flags; initialized = 1; return SUCCESS; 
 
 CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
     if (!initialized) return NOT_INITIALIZED;
-    if (ordinal != 0) return INVALID_DEVICE;
-    *dev = 0;
+    if (ordinal < 0 || ordinal >= devices()) return INVALID_DEVICE;
+    *dev = ordinal;
     return SUCCESS;
 }
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
-    if (dev != 0) return INVALID_DEVICE;
-    *ctx = &context_token;
+    if (dev < 0 || dev >= devices()) return INVALID_DEVICE;
+    *ctx = &context_tokens[dev];
     return SUCCESS;
 }
 
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return dev == 0 ? SUCCESS : INVALID_DEVICE; }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return dev >= 0 && dev < devices() ? SUCCESS : INVALID_DEVICE; }
 
-CUresult cuCtxSetCurrent(CUcontext ctx) { return ctx == &context_token || ctx == 0 ? SUCCESS : INVALID_VALUE; }
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (ctx != 0) {
+        int ok = 0;
+        for (int d = 0; d < devices(); d++) ok |= ctx == &context_tokens[d];
+        if (!ok) return INVALID_VALUE;
+    }
+    current = ctx;
+    return SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *ctx) { *ctx = current; return SUCCESS; }
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
-    if (dev != 0 || len <= 0) return INVALID_VALUE;
+    if (dev < 0 || dev >= devices() || len <= 0) return INVALID_VALUE;
     strncpy(name, "adaptalloc stub GPU", (size_t)len - 1);
     name[len - 1] = 0;
     return SUCCESS;
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    if (current_device() < 0) return INVALID_CONTEXT;
     *free_bytes = cap() - used;
     *total = cap();
     return SUCCESS;
@@ -61,6 +90,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     if (size == 0) return INVALID_VALUE;
+    if (current_device() < 0) return INVALID_CONTEXT;
     if (size > cap() - used) return OUT_OF_MEMORY;
     for (int i = 0; i < MAX_BLOCKS; i++) {
         if (!blocks[i].ptr) {
@@ -68,6 +98,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
             if (!p) return OUT_OF_MEMORY;
             blocks[i].ptr = (CUdeviceptr)(uintptr_t)p;
             blocks[i].size = size;
+            blocks[i].dev = current_device();
             used += size;
             *dptr = blocks[i].ptr;
             return SUCCESS;
@@ -79,6 +110,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
 CUresult cuMemFree_v2(CUdeviceptr ptr) {
     for (int i = 0; i < MAX_BLOCKS; i++) {
         if (blocks[i].ptr == ptr && ptr) {
+            if (blocks[i].dev != current_device()) return INVALID_CONTEXT;
             free((void *)(uintptr_t)ptr);
             used -= blocks[i].size;
             blocks[i].ptr = 0;
@@ -96,7 +128,7 @@ static size_t pool_high;
 enum { ATTR_RELEASE_THRESHOLD = 4, ATTR_RESERVED_MEM_HIGH = 6 };
 
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
-    if (dev != 0) return INVALID_DEVICE;
+    if (dev < 0 || dev >= devices()) return INVALID_DEVICE;
     *pool = &pool_token;
     return SUCCESS;
 }
@@ -139,7 +171,7 @@ static int mapping_at(CUdeviceptr ptr, int *slot) {
     return 0;
 }
 CUresult cuDeviceGetAttribute(int *value, int attr, CUdevice dev) {
-    if (dev != 0) return INVALID_DEVICE;
+    if (dev < 0 || dev >= devices()) return INVALID_DEVICE;
     const char *vmm = getenv("STUB_CUDA_VMM");
     *value = attr == ATTR_VMM_SUPPORTED ? (vmm ? atoi(vmm) : 1) : 0;
     return SUCCESS;
