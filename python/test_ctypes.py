@@ -80,6 +80,59 @@ def child(mode):
         lib.adaptalloc_stats(0, ctypes.byref(s))
         assert s.reserved_bytes == s.live_bytes + s.idle_bytes, (s.reserved_bytes, s.idle_bytes)
         print("sim ok: driver allocs", s.driver_allocs)
+    elif mode == "fork":
+        # Threads allocate and free without pause while this process forks: a child must
+        # neither deadlock on its first call (a parent thread may have held a lock at the fork)
+        # nor hang in exit() writing the parent's report.
+        import threading, time
+        libc = ctypes.CDLL(None)
+        assert lib.adaptalloc_malloc(4096, 0, None)  # allocators exist before the forks
+        stop = threading.Event()
+
+        def churn(seed):
+            # Sizes from 64 KiB to 64 MiB: driver calls, slab growth and releases keep the
+            # allocator's locks held longer than a cache hit would.
+            sizes = [(1 << 16) << ((seed + k) % 11) for k in range(64)]
+            while not stop.is_set():
+                held = [(lib.adaptalloc_malloc(n, 0, None), n) for n in sizes[:8]]
+                for p, n in held:
+                    lib.adaptalloc_free(p, n, 0, None)
+                lib.adaptalloc_empty_cache()
+                sizes.append(sizes.pop(0))
+
+        threads = [threading.Thread(target=churn, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        children = []
+        for i in range(400):
+            pid = os.fork()
+            if pid == 0:
+                ok = True
+                if i % 2 == 0:  # half call adaptalloc, half only exit (running the atexit hook)
+                    p = lib.adaptalloc_malloc(4096, 0, None)
+                    ok = bool(p)
+                    lib.adaptalloc_free(p, 4096, 0, None)
+                libc.exit(0 if ok else 3)
+            children.append(pid)
+        stop.set()
+        for t in threads:
+            t.join()
+        deadline = time.time() + 20
+        pending, failed = set(children), 0
+        while pending and time.time() < deadline:
+            for pid in list(pending):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    pending.discard(pid)
+                    failed += os.waitstatus_to_exitcode(status) != 0
+            time.sleep(0.01)
+        for pid in pending:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert not pending and not failed, f"{len(pending)} of 400 children hung, {failed} failed"
+        report = os.environ["ADAPTALLOC_REPORT"]
+        assert not os.path.exists(report), "a child wrote the parent's report"
+        print("fork ok: 400 children forked while 3 threads allocated; none hung or failed")
     elif mode == "streams":
         # Stream A (a fake handle: the simulated device ignores it) fills 512 MiB with 1 MiB
         # blocks and frees seven in eight without synchronizing; stream B then gets as many
@@ -139,7 +192,11 @@ def main():
         assert data["requests"] == 5 and "large-batch training" in data["policy"], data["requests"]
         print("report at exit ok:", report)
     run_child("streams", {"ADAPTALLOC_DEVICE": "sim:512MiB"})
-    print("4 passed, 0 failed")
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "fork-report.md")
+        run_child("fork", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_REPORT": report})
+        assert os.path.exists(report), "the parent writes its report at exit"
+    print("5 passed, 0 failed")
 
 
 if __name__ == "__main__":

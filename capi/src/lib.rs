@@ -4,7 +4,8 @@
 //!
 //! One allocator per device, created on first use with the policy from `ADAPTALLOC_POLICY`
 //! (the default when unset). `ADAPTALLOC_REPORT=path` writes each device's tuning report at
-//! exit (`path` as given for device 0, `path.N` for device N). `ADAPTALLOC_DEVICE=sim:SIZE`
+//! exit (`path` as given for device 0, `path.N` for device N). A child made by fork() gets
+//! allocators of its own on first use (never its parent's) and writes no report. `ADAPTALLOC_DEVICE=sim:SIZE`
 //! runs on a simulated device of that size instead of CUDA (tests, dry runs). No panic crosses
 //! the boundary: every entry point catches it, logs it, and returns NULL or an error code.
 
@@ -14,7 +15,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use adaptalloc_core::allocator::Allocator;
 use adaptalloc_core::device::{Device, SimDevice};
@@ -60,9 +62,44 @@ fn clear_error() {
     });
 }
 
+/// The allocator table of one process.
+struct Table {
+    pid: u32,
+    map: Mutex<HashMap<c_int, Allocator>>,
+}
+
+/// The current process's table. A child made by fork() gets a fresh one on its first use and
+/// never touches its parent's: another parent thread may have held the parent's locks at the
+/// fork, and that thread does not exist in the child (so its locks would never be released),
+/// and the parent's allocators hold the parent's device memory. The parent's table is left
+/// alone (leaked in the child), so a child neither deadlocks nor writes the parent's report.
+static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
+
 fn allocators() -> &'static Mutex<HashMap<c_int, Allocator>> {
-    static ALLOCATORS: OnceLock<Mutex<HashMap<c_int, Allocator>>> = OnceLock::new();
-    ALLOCATORS.get_or_init(|| Mutex::new(HashMap::new()))
+    let pid = std::process::id();
+    let mut seen = TABLE.load(Ordering::Acquire);
+    loop {
+        // SAFETY: a non-null TABLE points at a leaked Box<Table> that is never freed.
+        if let Some(t) = unsafe { seen.as_ref() }
+            && t.pid == pid
+        {
+            return &t.map;
+        }
+        let fresh = Box::into_raw(Box::new(Table {
+            pid,
+            map: Mutex::new(HashMap::new()),
+        }));
+        match TABLE.compare_exchange(seen, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: `fresh` came from Box::into_raw above and is now published, never freed.
+            Ok(_) => return unsafe { &(*fresh).map },
+            Err(now) => {
+                // Another thread of this process made one first: use it, drop ours.
+                // SAFETY: `fresh` was never published; this is its only owner.
+                drop(unsafe { Box::from_raw(fresh) });
+                seen = now;
+            }
+        }
+    }
 }
 
 unsafe extern "C" {
@@ -70,7 +107,13 @@ unsafe extern "C" {
     fn atexit(callback: extern "C" fn()) -> c_int;
 }
 
+/// The process that registered [`write_reports_at_exit`] (0: none yet).
+static REPORT_PID: AtomicU32 = AtomicU32::new(0);
+
 extern "C" fn write_reports_at_exit() {
+    if REPORT_PID.load(Ordering::Acquire) != std::process::id() {
+        return; // a forked child: the reports are its parent's to write
+    }
     let _ = catch_unwind(|| {
         let Ok(path) = std::env::var("ADAPTALLOC_REPORT") else {
             return;
@@ -113,7 +156,13 @@ fn allocator(device: c_int) -> Result<Allocator, String> {
         _ => Arc::new(CudaDevice::new(device).map_err(|e| format!("device {device}: {e}"))?),
     };
     let alloc = Allocator::from_env(dev).map_err(|e| e.to_string())?;
-    if map.is_empty() && std::env::var_os("ADAPTALLOC_REPORT").is_some() {
+    // The process that first reads ADAPTALLOC_REPORT writes the reports; a child made by fork()
+    // inherits the hook and this mark, and writes none (it would overwrite its parent's).
+    if std::env::var_os("ADAPTALLOC_REPORT").is_some()
+        && REPORT_PID
+            .compare_exchange(0, std::process::id(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    {
         // SAFETY: registers a plain extern "C" function with no captured state.
         unsafe { atexit(write_reports_at_exit) };
     }
