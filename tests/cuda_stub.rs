@@ -265,3 +265,100 @@ fn context_child() {
     assert_eq!(d0.mem_info().unwrap().free, CAPACITY, "every byte back");
     println!("context checks passed");
 }
+
+const UNMAP_CHILD: &str = "ADAPTALLOC_STUB_UNMAP_CHILD";
+
+/// cuMemUnmap is not stream-ordered: the stub fails (and counts) an unmap of memory that queued
+/// work still uses. Blocks used by queued work and freed without any synchronization by the
+/// caller (as PyTorch frees) go back to the driver page by page, and splice teardown unmaps, only
+/// after the allocator waited for that work; one synchronization serves a whole release.
+#[test]
+fn pages_are_unmapped_only_after_queued_work_is_done() {
+    if std::env::var_os(UNMAP_CHILD).is_some() {
+        return unmap_child();
+    }
+    let Some(dir) = stub_or_skip("unmap") else {
+        return;
+    };
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "pages_are_unmapped_only_after_queued_work_is_done",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(UNMAP_CHILD, "1");
+    let (ok, text) = run_on_stub(&mut cmd, &dir, CAPACITY);
+    assert!(ok, "child failed:\n{text}");
+    assert!(text.contains("unmap checks passed"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The stub's test hooks, found with dlsym in the libcuda the process loaded.
+struct StubHooks {
+    queue_work: extern "C" fn(u64, usize),
+    unsafe_unmaps: extern "C" fn() -> i32,
+}
+
+fn stub_hooks() -> StubHooks {
+    use std::ffi::{c_char, c_int, c_void};
+    unsafe extern "C" {
+        fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
+        fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+    }
+    // SAFETY: the names are NUL-terminated literals; RTLD_NOW (2) opens the libcuda already
+    // loaded (the stub, found through LD_LIBRARY_PATH); the symbols have the stub's signatures.
+    unsafe {
+        let lib = dlopen(c"libcuda.so".as_ptr(), 2);
+        assert!(!lib.is_null(), "the stub is loaded");
+        let queue = dlsym(lib, c"stub_queue_work".as_ptr());
+        let count = dlsym(lib, c"stub_unsafe_unmaps".as_ptr());
+        assert!(!queue.is_null() && !count.is_null(), "the stub's hooks");
+        StubHooks {
+            queue_work: std::mem::transmute::<*mut c_void, extern "C" fn(u64, usize)>(queue),
+            unsafe_unmaps: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(count),
+        }
+    }
+}
+
+fn unmap_child() {
+    use adaptalloc::strategy::SuballocConfig;
+    use adaptalloc::{AllocatorConfig, StrategyConfig};
+    let hooks = stub_hooks();
+    let dev = Arc::new(CudaDevice::new(0).unwrap());
+    assert!(dev.vmm_page_size().is_some(), "the stub has VMM: slabs are paged");
+    let paged = SuballocConfig {
+        page_release: true,
+        ..SuballocConfig::default()
+    };
+    let alloc = Allocator::new(
+        dev.clone() as Arc<dyn Device>,
+        AllocatorConfig::new(StrategyConfig::Suballoc(paged)),
+    );
+    // Blocks over 24 pages; a kernel using each is queued; every other block is freed, the
+    // caller never synchronizing. Pages under freed blocks only are then unused.
+    let blocks: Vec<u64> = (0..48).map(|_| alloc.allocate_raw(1 << 20, 0).unwrap()).collect();
+    for &p in &blocks {
+        (hooks.queue_work)(p, 1 << 20);
+    }
+    for (i, &p) in blocks.iter().enumerate() {
+        if (i / 4) % 2 == 0 {
+            alloc.deallocate(p, 0).unwrap();
+        }
+    }
+    let held = dev.mem_info().unwrap().free;
+    let released = alloc.release_idle();
+    assert!(released > 0, "unused pages went back");
+    assert_eq!(dev.mem_info().unwrap().free, held + released, "every unmap succeeded");
+    assert_eq!((hooks.unsafe_unmaps)(), 0, "no unmap while queued work used the pages");
+    for (i, &p) in blocks.iter().enumerate() {
+        if (i / 4) % 2 == 1 {
+            alloc.deallocate(p, 0).unwrap();
+        }
+    }
+    drop(alloc);
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY, "every byte back");
+    assert_eq!((hooks.unsafe_unmaps)(), 0);
+    println!("unmap checks passed");
+}

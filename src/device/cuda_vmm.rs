@@ -224,4 +224,10 @@ impl VirtualMemory for CudaDevice {
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.unmap_range(ptr, bytes, false)
     }
+
+    fn quiesce(&self) -> Result<(), DeviceError> {
+        let _current = self.make_current()?;
+        // SAFETY: the device's context is current on this thread; the call takes no pointers.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
 }

@@ -99,4 +99,7 @@ impl VirtualMemory for Metered {
             .expect("vmm checked by the caller")
             .unmap_alias(ptr, bytes)
     }
+    fn quiesce(&self) -> Result<(), DeviceError> {
+        self.inner.vmm().expect("vmm checked by the caller").quiesce()
+    }
 }

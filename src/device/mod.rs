@@ -74,6 +74,15 @@ pub trait VirtualMemory: Send + Sync {
     /// Undoes [`map_alias`](VirtualMemory::map_alias) at `ptr..ptr+bytes`; the memory stays
     /// mapped where it was first.
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
+    /// Waits until no queued work can touch memory about to be unmapped. Unmapping is not
+    /// stream-ordered (CUDA's cuMemUnmap neither waits for kernels nor is queued behind them:
+    /// unmapping pages a kernel still uses is an illegal memory access), so callers quiesce once
+    /// before a batch of [`unmap`](VirtualMemory::unmap)s and
+    /// [`unmap_alias`](VirtualMemory::unmap_alias)es of memory that held blocks. CUDA:
+    /// cuCtxSynchronize. The default, for a device with no queued work, returns at once.
+    fn quiesce(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
 }
 
 /// A source of device memory. Implementations are thread-safe; every method may be called

@@ -111,8 +111,9 @@ pub struct SimDevice {
     vmm: bool,
     /// Operations after which work queued on a stream has completed ([`Device::stream_done`]).
     stream_lag: u64,
-    /// Calls of [`Device::stream_wait`].
+    /// Calls of [`Device::stream_wait`] and [`VirtualMemory::quiesce`].
     stream_waits: std::sync::atomic::AtomicU64,
+    quiesces: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
 
@@ -192,6 +193,7 @@ impl SimDeviceBuilder {
             vmm: self.vmm,
             stream_lag: self.stream_lag,
             stream_waits: std::sync::atomic::AtomicU64::new(0),
+            quiesces: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -212,6 +214,11 @@ impl SimDevice {
     /// A device of `capacity` bytes with every other setting at its default.
     pub fn new(capacity: u64) -> Self {
         Self::builder().capacity(capacity).build()
+    }
+
+    /// Calls of [`VirtualMemory::quiesce`] so far (synchronizations before unmapping).
+    pub fn quiesces(&self) -> u64 {
+        self.quiesces.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Calls of [`Device::stream_wait`] so far.
@@ -525,6 +532,13 @@ impl VirtualMemory for SimDevice {
 
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.drop_mappings(ptr, bytes, true)
+    }
+
+    /// Counted (no work runs on the simulated device, so nothing to wait for; the cost model
+    /// has no price for it yet).
+    fn quiesce(&self) -> Result<(), DeviceError> {
+        self.quiesces.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }
 

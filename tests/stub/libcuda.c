@@ -23,6 +23,8 @@ static int initialized;
 /* One primary context per device (STUB_CUDA_DEVICES, default 1), current per thread as in CUDA. */
 static int context_tokens[MAX_DEVICES];
 static __thread CUcontext current;
+/* Queued work (see stub_queue_work below): ranges in use, and unmaps that hit one. */
+static int queued, unsafe_unmaps;
 
 static int devices(void) {
     const char *env = getenv("STUB_CUDA_DEVICES");
@@ -149,7 +151,7 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
     return r;
 }
 CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return cuMemFree_v2(ptr); }
-CUresult cuStreamSynchronize(CUstream stream) { (void)stream; return SUCCESS; }
+CUresult cuStreamSynchronize(CUstream stream) { (void)stream; queued = 0; return SUCCESS; }
 /* No kernels run on the stub: every stream is always idle. */
 CUresult cuStreamQuery(CUstream stream) { (void)stream; return SUCCESS; }
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { (void)keep; return pool == &pool_token ? SUCCESS : INVALID_VALUE; }
@@ -244,7 +246,26 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const void *desc, size_t c
     int slot, i = mapping_at(ptr, &slot);
     return count == 1 && i && handles[i].size == size ? SUCCESS : INVALID_VALUE;
 }
+/* Queued work, for tests: stub_queue_work(ptr, size) says a kernel that uses ptr..ptr+size is
+ * queued and has not finished. cuCtxSynchronize and cuStreamSynchronize finish all of it.
+ * Unmapping memory that queued work uses is what the real driver turns into an illegal address
+ * fault in that kernel: here the unmap fails with CUDA_ERROR_ILLEGAL_ADDRESS and is counted
+ * (stub_unsafe_unmaps). */
+enum { MAX_WORK = 1024, ILLEGAL_ADDRESS = 700 };
+static struct { CUdeviceptr ptr; size_t size; } work[MAX_WORK];
+void stub_queue_work(CUdeviceptr ptr, size_t size) {
+    if (queued < MAX_WORK) { work[queued].ptr = ptr; work[queued].size = size; queued++; }
+}
+int stub_unsafe_unmaps(void) { return unsafe_unmaps; }
+CUresult cuCtxSynchronize(void) { queued = 0; return SUCCESS; }
+static int work_touches(CUdeviceptr ptr, size_t size) {
+    for (int w = 0; w < queued; w++)
+        if (work[w].ptr < ptr + size && ptr < work[w].ptr + work[w].size) return 1;
+    return 0;
+}
+
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    if (work_touches(ptr, size)) { unsafe_unmaps++; return ILLEGAL_ADDRESS; }
     /* As the driver: only whole mappings unmap. */
     int slot, i = mapping_at(ptr, &slot);
     if (!i || handles[i].size != size) return INVALID_VALUE;

@@ -129,6 +129,9 @@ pub struct Suballoc {
     slab_limit: u64,
     /// The allocator's operation count at the last free.
     now: u64,
+    /// `now` when the device last quiesced ([`quiesce`](Self::quiesce)): unmapping needs no
+    /// new synchronization until the next free.
+    quiesced_at: Option<u64>,
     /// Page maps of slabs backed by virtual memory, by slab id (None: a whole driver allocation).
     pages: Vec<Option<PageMap>>,
     /// When set, a placement that would leave `pinned` over `consumed` by more than this is
@@ -163,6 +166,7 @@ impl Suballoc {
             acct: Accounts::default(),
             slab_limit: u64::MAX,
             now: 0,
+            quiesced_at: None,
             pages: Vec::new(),
             strand_budget: None,
             model: None,
@@ -417,7 +421,7 @@ impl Suballoc {
             .copied()
             .filter(|&id| self.slabs[id].emptied_at < cutoff)
             .collect();
-        aged.into_iter().map(|id| self.release_slab(dev, id)).sum()
+        aged.into_iter().filter_map(|id| self.release_slab(dev, id)).sum()
     }
 
     /// Frees the node back into the free lists of `stream`, merging free neighbours; an emptied
@@ -460,7 +464,10 @@ impl Suballoc {
             let Some(&slab_id) = self.empty.last() else {
                 break;
             };
-            released += self.release_slab(dev, slab_id);
+            match self.release_slab(dev, slab_id) {
+                Some(r) => released += r,
+                None => break,
+            }
         }
         released
     }

@@ -114,6 +114,10 @@ impl Suballoc {
     /// back; returns the bytes unmapped. Slabs left empty and unmapped drop their reservation.
     pub fn unmap_unused(&mut self, dev: &dyn Device, want: u64) -> u64 {
         let Some(vmm) = dev.vmm() else { return 0 };
+        let any = self.pages.iter().flatten().any(|pm| pm.unused_mapped_bytes > 0);
+        if want == 0 || !any || !self.quiesce(dev) {
+            return 0;
+        }
         let mut released = 0;
         for id in 0..self.pages.len() {
             if released >= want {
@@ -141,7 +145,7 @@ impl Suballoc {
             .filter(|&id| self.pages[id as usize].as_ref().is_some_and(|pm| pm.mapped_bytes == 0))
             .collect();
         for id in unmapped_empty {
-            self.release_slab(dev, id);
+            let _ = self.release_slab(dev, id);
         }
         released
     }
@@ -165,7 +169,10 @@ impl Suballoc {
         let mut released = 0;
         while self.idle_bytes() > keep {
             let Some(&id) = self.empty.last() else { break };
-            released += self.release_slab(dev, id);
+            match self.release_slab(dev, id) {
+                Some(r) => released += r,
+                None => return released,
+            }
         }
         if unmap_pages && self.idle_bytes() > keep {
             released += self.unmap_unused(dev, self.idle_bytes() - keep);

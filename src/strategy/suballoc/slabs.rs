@@ -96,7 +96,15 @@ impl Suballoc {
         Ok(idx)
     }
 
-    pub(super) fn release_slab(&mut self, dev: &dyn Device, slab_id: u32) -> u64 {
+    /// Gives a wholly free slab back; None (the slab kept) when it has mapped pages and the
+    /// device cannot [`quiesce`](Self::quiesce).
+    pub(super) fn release_slab(&mut self, dev: &dyn Device, slab_id: u32) -> Option<u64> {
+        let mapped = self.pages[slab_id as usize]
+            .as_ref()
+            .is_some_and(|pm| pm.mapped_bytes > 0);
+        if mapped && !self.quiesce(dev) {
+            return None;
+        }
         let slab = self.slabs[slab_id];
         self.unmark_empty(slab_id);
         // The slab is wholly free; its free space may be split among streams' lists.
@@ -131,7 +139,28 @@ impl Suballoc {
             }
         };
         self.acct.given_back(slab.pool, released);
-        released
+        Some(released)
+    }
+
+    /// Makes sure no queued work can touch memory about to be unmapped (cuMemUnmap is not
+    /// stream-ordered). Work on a block is queued before its free, so one synchronization serves
+    /// every unmap until the next free: the operation count of the last free (`now`) marks it.
+    /// False (logged) when the device cannot synchronize; the caller then unmaps nothing.
+    pub(super) fn quiesce(&mut self, dev: &dyn Device) -> bool {
+        if self.quiesced_at == Some(self.now) {
+            return true;
+        }
+        let Some(vmm) = dev.vmm() else { return true };
+        match vmm.quiesce() {
+            Ok(()) => {
+                self.quiesced_at = Some(self.now);
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot wait for queued work; pages stay mapped");
+                false
+            }
+        }
     }
 
     pub(super) fn mark_empty(&mut self, slab_id: u32) {

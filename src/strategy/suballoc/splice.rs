@@ -120,6 +120,10 @@ impl Suballoc {
         };
         let s = self.splices[id];
         self.splices.release(id);
+        // The block's last work was queued before this free: wait for it before unmapping. On
+        // a device that cannot synchronize (a sticky error) the unmaps go ahead, logged.
+        self.now = now;
+        self.quiesce(dev);
         let vmm = dev.vmm().expect("a spliced block's device has vmm");
         let page = vmm.page_size();
         let front_len = if s.front.is_some() { page } else { 0 };

@@ -76,3 +76,37 @@ fn counts_hold_under_random_churn() {
     }
     assert!(spliced > 0, "the tight runs spliced some blocks");
 }
+
+/// Pages are unmapped only after the device quiesced, once per release: one synchronization
+/// serves every unmap until the next free.
+#[test]
+fn one_synchronization_serves_a_release() {
+    let dev = SimDevice::new(256 * MIB);
+    // Emptied slabs are kept (released below, not on each free).
+    let config = SuballocConfig {
+        page_release: true,
+        max_empty_bytes: u64::MAX,
+        ..SuballocConfig::default()
+    };
+    let mut sub = Suballoc::new(config);
+    let blocks: Vec<Grant> = (0..32).map(|_| sub.allocate(&dev, MIB, 0).unwrap()).collect();
+    for (i, g) in blocks.iter().enumerate() {
+        if i % 4 != 0 {
+            sub.deallocate(&dev, g.meta, 0, 1 + i as u64);
+        }
+    }
+    assert_eq!(dev.quiesces(), 0, "nothing unmapped yet");
+    let released = sub.unmap_unused(&dev, u64::MAX);
+    assert!(released >= 8 * MIB, "several runs of pages went back ({released} B)");
+    assert_eq!(dev.quiesces(), 1, "one synchronization for all of them");
+    assert_eq!(sub.unmap_unused(&dev, u64::MAX), 0);
+    assert_eq!(dev.quiesces(), 1, "nothing to unmap: no synchronization");
+    for (i, g) in blocks.iter().enumerate() {
+        if i % 4 == 0 {
+            sub.deallocate(&dev, g.meta, 0, 100 + i as u64);
+        }
+    }
+    sub.release_empty_slabs(&dev, 0);
+    assert_eq!(dev.quiesces(), 2, "a free since: the next release waits again");
+    assert_eq!(dev.used_bytes(), 0);
+}
