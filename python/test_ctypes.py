@@ -72,6 +72,9 @@ def child(mode):
         assert lib.adaptalloc_synchronize_stream(0, None) == 0
         assert lib.adaptalloc_synchronize_stream(3, None) == -1  # nothing on device 3
         assert "device 3" in lib.adaptalloc_last_error().decode()
+        for bad in (-1, 64):
+            assert lib.adaptalloc_malloc(4096, bad, None) is None
+            assert "serves devices 0 to 63" in lib.adaptalloc_last_error().decode()
         assert lib.adaptalloc_reset_peak_stats(0) == 0
         lib.adaptalloc_stats(0, ctypes.byref(s))
         assert s.peak_live_bytes == s.live_bytes == 0, s.peak_live_bytes

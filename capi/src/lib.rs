@@ -12,11 +12,10 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use adaptalloc_core::allocator::Allocator;
 use adaptalloc_core::device::{Device, SimDevice};
@@ -62,10 +61,31 @@ fn clear_error() {
     });
 }
 
-/// The allocator table of one process.
+/// Devices a process may use through the C ABI (ordinals 0..MAX_DEVICES).
+const MAX_DEVICES: usize = 64;
+
+/// The allocators of one process, one slot per device. Looking one up takes no lock (a
+/// `OnceLock` read): the malloc/free path has no global lock beyond the allocator's own. Only
+/// creating an allocator takes `create`.
 struct Table {
     pid: u32,
-    map: Mutex<HashMap<c_int, Allocator>>,
+    slots: [OnceLock<Allocator>; MAX_DEVICES],
+    create: Mutex<()>,
+}
+
+impl Table {
+    /// Every allocator made so far, with its device.
+    fn all(&self) -> impl Iterator<Item = (c_int, &Allocator)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(d, s)| s.get().map(|a| (d as c_int, a)))
+    }
+
+    /// The allocator of `device`, if made.
+    fn get(&self, device: c_int) -> Option<&Allocator> {
+        self.slots.get(usize::try_from(device).ok()?)?.get()
+    }
 }
 
 /// The current process's table. A child made by fork() gets a fresh one on its first use and
@@ -75,7 +95,7 @@ struct Table {
 /// alone (leaked in the child), so a child neither deadlocks nor writes the parent's report.
 static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
 
-fn allocators() -> &'static Mutex<HashMap<c_int, Allocator>> {
+fn table() -> &'static Table {
     let pid = std::process::id();
     let mut seen = TABLE.load(Ordering::Acquire);
     loop {
@@ -83,15 +103,16 @@ fn allocators() -> &'static Mutex<HashMap<c_int, Allocator>> {
         if let Some(t) = unsafe { seen.as_ref() }
             && t.pid == pid
         {
-            return &t.map;
+            return t;
         }
         let fresh = Box::into_raw(Box::new(Table {
             pid,
-            map: Mutex::new(HashMap::new()),
+            slots: std::array::from_fn(|_| OnceLock::new()),
+            create: Mutex::new(()),
         }));
         match TABLE.compare_exchange(seen, fresh, Ordering::AcqRel, Ordering::Acquire) {
             // SAFETY: `fresh` came from Box::into_raw above and is now published, never freed.
-            Ok(_) => return unsafe { &(*fresh).map },
+            Ok(_) => return unsafe { &*fresh },
             Err(now) => {
                 // Another thread of this process made one first: use it, drop ours.
                 // SAFETY: `fresh` was never published; this is its only owner.
@@ -118,10 +139,9 @@ extern "C" fn write_reports_at_exit() {
         let Ok(path) = std::env::var("ADAPTALLOC_REPORT") else {
             return;
         };
-        let Ok(map) = allocators().lock() else { return };
-        for (device, alloc) in map.iter() {
+        for (device, alloc) in table().all() {
             let Some(report) = alloc.report() else { continue };
-            let file = if *device == 0 {
+            let file = if device == 0 {
                 path.clone()
             } else {
                 format!("{path}.{device}")
@@ -133,13 +153,24 @@ extern "C" fn write_reports_at_exit() {
     });
 }
 
-/// The allocator of `device`, created on first use.
-fn allocator(device: c_int) -> Result<Allocator, String> {
-    let mut map = allocators()
+/// The allocator of `device`, created on first use (the only step that takes a lock).
+fn allocator(device: c_int) -> Result<&'static Allocator, String> {
+    let t = table();
+    if let Some(a) = t.get(device) {
+        return Ok(a);
+    }
+    let Some(slot) = usize::try_from(device).ok().and_then(|d| t.slots.get(d)) else {
+        return Err(format!(
+            "device {device}: adaptalloc serves devices 0 to {}",
+            MAX_DEVICES - 1
+        ));
+    };
+    let _creating = t
+        .create
         .lock()
         .map_err(|_| "allocator table poisoned by an earlier panic".to_string())?;
-    if let Some(a) = map.get(&device) {
-        return Ok(a.clone());
+    if let Some(a) = slot.get() {
+        return Ok(a);
     }
     let dev: Arc<dyn Device> = match std::env::var("ADAPTALLOC_DEVICE") {
         Ok(spec) if spec.starts_with("sim:") => {
@@ -166,8 +197,7 @@ fn allocator(device: c_int) -> Result<Allocator, String> {
         // SAFETY: registers a plain extern "C" function with no captured state.
         unsafe { atexit(write_reports_at_exit) };
     }
-    map.insert(device, alloc.clone());
-    Ok(alloc)
+    Ok(slot.get_or_init(|| alloc))
 }
 
 /// Allocates `size` bytes on `device` for `stream` (a `cudaStream_t`); NULL on failure, with
@@ -223,11 +253,7 @@ pub extern "C" fn adaptalloc_free(ptr: *mut c_void, size: usize, device: c_int, 
 /// Gives every device's idle memory back to the driver; returns the bytes released.
 #[unsafe(no_mangle)]
 pub extern "C" fn adaptalloc_empty_cache() -> u64 {
-    catch_unwind(|| match allocators().lock() {
-        Ok(map) => map.values().map(Allocator::release_idle).sum(),
-        Err(_) => 0,
-    })
-    .unwrap_or(0)
+    catch_unwind(|| table().all().map(|(_, a)| a.release_idle()).sum()).unwrap_or(0)
 }
 
 /// Fills `out` with `device`'s statistics; 0 on success, -1 when `out` is NULL or the device
@@ -241,12 +267,7 @@ pub unsafe extern "C" fn adaptalloc_stats(device: c_int, out: *mut AdaptallocSta
         set_error("adaptalloc_stats: out is NULL".into());
         return -1;
     }
-    let stats = catch_unwind(|| {
-        allocators()
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&device).map(Allocator::stats))
-    });
+    let stats = catch_unwind(|| table().get(device).map(Allocator::stats));
     let Ok(Some(s)) = stats else {
         set_error(format!("adaptalloc_stats: no allocator for device {device} yet"));
         return -1;
@@ -274,10 +295,7 @@ pub unsafe extern "C" fn adaptalloc_stats(device: c_int, out: *mut AdaptallocSta
 /// Runs `f` on `device`'s allocator: 0, or -1 (with the reason in `adaptalloc_last_error()`)
 /// when the device has none yet or `f` panicked.
 fn with_allocator(call: &str, device: c_int, f: impl FnOnce(&Allocator)) -> c_int {
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        let alloc = allocators().lock().ok().and_then(|m| m.get(&device).cloned());
-        alloc.map(|a| f(&a))
-    }));
+    let result = catch_unwind(AssertUnwindSafe(|| table().get(device).map(f)));
     match result {
         Ok(Some(())) => {
             clear_error();
