@@ -61,6 +61,12 @@ int adaptalloc_stats(int device, AdaptallocStats *out);
  * request would fail. 0, or -1 when nothing was allocated on device yet. */
 int adaptalloc_synchronize_stream(int device, adaptalloc_stream_t stream);
 
+/* Marks ptr (live, from adaptalloc_malloc on device) as used by stream too, as PyTorch's
+ * recordStream does for a tensor used on a side stream (NCCL's, say): once freed, it is not
+ * reused until stream's work up to the free is done. 0, or -1 (no allocator on device, or ptr
+ * not live; the reason in adaptalloc_last_error()). */
+int adaptalloc_record_stream(void *ptr, int device, adaptalloc_stream_t stream);
+
 /* Restarts device's peak statistics from their current values. 0, or -1 as above. */
 int adaptalloc_reset_peak_stats(int device);
 

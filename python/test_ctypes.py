@@ -38,6 +38,8 @@ def load():
     lib.adaptalloc_last_error.restype = ctypes.c_char_p
     lib.adaptalloc_synchronize_stream.restype = ctypes.c_int
     lib.adaptalloc_synchronize_stream.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    lib.adaptalloc_record_stream.restype = ctypes.c_int
+    lib.adaptalloc_record_stream.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     lib.adaptalloc_reset_peak_stats.restype = ctypes.c_int
     lib.adaptalloc_reset_peak_stats.argtypes = [ctypes.c_int]
     return lib
@@ -72,6 +74,12 @@ def child(mode):
         assert lib.adaptalloc_synchronize_stream(0, None) == 0
         assert lib.adaptalloc_synchronize_stream(3, None) == -1  # nothing on device 3
         assert "device 3" in lib.adaptalloc_last_error().decode()
+        p = lib.adaptalloc_malloc(4096, 0, None)
+        assert lib.adaptalloc_record_stream(p, 0, ctypes.c_void_p(0x3000)) == 0
+        lib.adaptalloc_free(p, 4096, 0, None)
+        assert lib.adaptalloc_last_error() == b""
+        assert lib.adaptalloc_record_stream(p, 0, ctypes.c_void_p(0x3000)) == -1  # freed: not live
+        assert "not a live allocation" in lib.adaptalloc_last_error().decode()
         for bad in (-1, 64):
             assert lib.adaptalloc_malloc(4096, bad, None) is None
             assert "serves devices 0 to 63" in lib.adaptalloc_last_error().decode()
@@ -192,7 +200,7 @@ def main():
         report = os.path.join(tmp, "report.json")
         run_child("sim", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_POLICY": "training", "ADAPTALLOC_REPORT": report})
         data = json.load(open(report))
-        assert data["requests"] == 5 and "large-batch training" in data["policy"], data["requests"]
+        assert data["requests"] == 6 and "large-batch training" in data["policy"], data["requests"]
         print("report at exit ok:", report)
     run_child("streams", {"ADAPTALLOC_DEVICE": "sim:512MiB"})
     with tempfile.TemporaryDirectory() as tmp:

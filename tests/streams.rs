@@ -142,3 +142,59 @@ fn a_hundred_thousand_short_lived_streams() {
         assert_eq!(dev.used_bytes(), 0, "{name}: every byte back");
     }
 }
+
+/// record_stream: a block used on a side stream is not reused after its free until the side
+/// stream's work is done (here: never on its own, so until the caller synchronizes it).
+#[test]
+fn a_recorded_stream_holds_a_freed_block_until_its_work_is_done() {
+    let dev = Arc::new(SimDevice::builder().capacity(CAPACITY).stream_lag(u64::MAX).build());
+    for (name, alloc) in setups(&dev) {
+        let (main, side) = (1, 2);
+        let p = alloc.allocate_raw(MIB, main).unwrap();
+        alloc.record_stream(p, side).unwrap();
+        alloc.record_stream(p, main).unwrap(); // its own stream: nothing to do
+        alloc.deallocate(p, main).unwrap();
+        assert_eq!(
+            alloc.stats().live_bytes.current,
+            MIB,
+            "{name}: counts as live while it waits"
+        );
+        let q = alloc.allocate_raw(MIB, main).unwrap();
+        assert_ne!(q, p, "{name}: not reused while the side stream may still use it");
+        alloc.synchronize_stream(side);
+        assert_eq!(alloc.stats().live_bytes.current, MIB, "{name}: only q is live now");
+        alloc.deallocate(q, main).unwrap();
+        // Both blocks are free now: the next two requests on the main stream reuse them with no
+        // new driver allocation (plain suballocation gives an emptied slab back at once).
+        let calls = alloc.stats().driver_allocs;
+        let again: Vec<_> = (0..2).map(|_| alloc.allocate_raw(MIB, main).unwrap()).collect();
+        if !name.starts_with("suballoc") {
+            assert_eq!(alloc.stats().driver_allocs, calls, "{name}: both reused");
+        }
+        for a in again {
+            alloc.deallocate(a, main).unwrap();
+        }
+        assert!(matches!(
+            alloc.record_stream(p, side),
+            Err(adaptalloc::AllocError::UnknownPointer { .. })
+        ));
+        drop(alloc);
+        assert_eq!(dev.used_bytes(), 0, "{name}: every byte back");
+    }
+}
+
+/// A recorded stream that never finishes on its own: before a request fails, the allocator
+/// waits for it and the block serves the request.
+#[test]
+fn out_of_memory_waits_for_a_recorded_stream() {
+    let dev = Arc::new(SimDevice::builder().capacity(64 * MIB).stream_lag(u64::MAX).build());
+    let alloc = Allocator::with_strategy(dev.clone() as Arc<dyn Device>, StrategyKind::Caching);
+    let p = alloc.allocate_raw(48 * MIB, 1).unwrap();
+    alloc.record_stream(p, 2).unwrap();
+    alloc.deallocate(p, 1).unwrap();
+    let q = alloc
+        .allocate_raw(48 * MIB, 1)
+        .expect("served after waiting for stream 2");
+    assert!(alloc.stats().stream_waits > 0);
+    alloc.deallocate(q, 1).unwrap();
+}

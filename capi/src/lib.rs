@@ -324,6 +324,26 @@ pub extern "C" fn adaptalloc_synchronize_stream(device: c_int, stream: *mut c_vo
     })
 }
 
+/// Marks `ptr` (live, from `adaptalloc_malloc` on `device`) as used by `stream` too, as
+/// PyTorch's `recordStream` does for a tensor used on a side stream (NCCL's, say): once freed, it
+/// is not reused until `stream`'s work up to the free is done. 0, or -1 with the reason in
+/// `adaptalloc_last_error()` (no allocator on `device`, or `ptr` not live).
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_record_stream(ptr: *mut c_void, device: c_int, stream: *mut c_void) -> c_int {
+    let (addr, stream) = (ptr as usize as DevicePtr, stream as usize as u64);
+    let mut failure = None;
+    let code = with_allocator("adaptalloc_record_stream", device, |a| {
+        failure = a.record_stream(addr, stream).err();
+    });
+    match failure {
+        Some(e) => {
+            set_error(format!("adaptalloc_record_stream({addr:#x}, device {device}): {e}"));
+            -1
+        }
+        None => code,
+    }
+}
+
 /// Restarts `device`'s peak statistics from their current values (say, between training
 /// steps). 0, or -1 when nothing was allocated on `device` yet.
 #[unsafe(no_mangle)]

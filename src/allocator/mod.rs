@@ -82,6 +82,8 @@ struct Live {
     strategy: u8,
     /// Size class of the request ([`bucket_of`]), for the engine when it is freed.
     bucket: u8,
+    /// Other streams use it ([`Allocator::record_stream`]): its free waits for them.
+    recorded: bool,
     meta: BlockMeta,
 }
 
@@ -98,6 +100,9 @@ struct State {
     op: u64,
     /// Streams with memory freed on them, for stream-ordered reuse (streams.rs).
     freed_on: streams::FreedOn,
+    /// Streams recorded on live blocks, and freed blocks waiting for them (streams.rs).
+    recorded: crate::hash::FastMap<DevicePtr, Vec<StreamId>>,
+    deferred: std::collections::VecDeque<streams::Deferred>,
     /// Free device memory is under the policy's low watermark: place compactly.
     pressure: bool,
     /// Free device memory is under the policy's headroom: keep no releasable idle memory.
@@ -242,6 +247,8 @@ impl Allocator {
                     engine: None,
                     op: 0,
                     freed_on: streams::FreedOn::default(),
+                    recorded: Default::default(),
+                    deferred: Default::default(),
                     pressure: false,
                     below_headroom: false,
                 }),
@@ -354,7 +361,18 @@ impl Allocator {
     /// Tells the allocator that all work queued on `stream` has completed (call it after
     /// `cudaStreamSynchronize`): blocks freed on it become reusable by every stream.
     pub fn synchronize_stream(&self, stream: StreamId) {
-        self.shared.state.lock().synchronize_strategies(stream);
+        self.shared
+            .state
+            .lock()
+            .synchronize_strategies(&self.shared.device, stream);
+    }
+
+    /// Marks the live block at `ptr` as used by `stream` too (PyTorch's `record_stream`, for a
+    /// tensor used on a side stream such as NCCL's): when it is freed, it is not reused until
+    /// `stream`'s work up to the free is done. Until then it counts as live. Errors:
+    /// [`AllocError::UnknownPointer`] when `ptr` is not live.
+    pub fn record_stream(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        self.shared.state.lock().record_stream(ptr, stream)
     }
 
     /// Gives every idle byte that can be given back to the device; returns the bytes released.
@@ -417,6 +435,9 @@ impl Shared {
         let bucket = bucket_of(aligned);
         let mut st = self.lock_state();
         st.op += 1;
+        if !st.deferred.is_empty() {
+            st.release_deferred(&self.device, false);
+        }
         let si = st.routes[bucket] as usize;
         // The strategy serves it. Fast path: a waiting cached block of the routed class. Cost:
         // one bin lookup, two list unlinks, a live-table insert and a few counter adds (~700
@@ -487,6 +508,7 @@ impl Shared {
                 stream,
                 strategy: si as u8,
                 bucket: bucket as u8,
+                recorded: false,
                 meta: grant.meta,
             },
         );
@@ -512,7 +534,12 @@ impl Shared {
         }
         st.live.remove(ptr);
         st.op += 1;
-        Self::release_block(&mut st, &self.device, ptr, live);
+        if live.recorded {
+            st.defer(ptr, live);
+            st.release_deferred(&self.device, false);
+        } else {
+            Self::release_block(&mut st, &self.device, ptr, live);
+        }
         if st.below_headroom {
             Self::return_idle_under_headroom(&mut st, &self.device);
         }
@@ -520,7 +547,7 @@ impl Shared {
         Ok(())
     }
 
-    fn release_block(st: &mut State, dev: &dyn Device, ptr: DevicePtr, live: Live) {
+    pub(super) fn release_block(st: &mut State, dev: &dyn Device, ptr: DevicePtr, live: Live) {
         let op = st.op;
         let si = live.strategy as usize;
         if st.freed_on.note(live.stream, op) {
@@ -602,6 +629,11 @@ impl Drop for Shared {
         }
         for (ptr, live) in leaked {
             Self::release_block(st, &self.device, ptr, live);
+        }
+        // Freed blocks still waiting for other streams: the allocator is going away, so their
+        // streams' work is the caller's to have finished.
+        for d in std::mem::take(&mut st.deferred) {
+            Self::release_block(st, &self.device, d.ptr, d.live);
         }
         st.release_idle(&self.device);
         debug_assert_eq!(st.stats.reserved_bytes.current, 0, "every byte returned on drop");

@@ -13,11 +13,24 @@
 //! more driver allocations and one more case with a failure at passthrough's smallest
 //! capacity.
 
-use crate::device::Device;
+use crate::device::{Device, DevicePtr};
+use crate::error::AllocError;
 use crate::hash::FastMap;
 use crate::strategy::StreamId;
 
-use super::State;
+use super::{Live, Shared, State};
+
+/// A freed block that other streams used ([`crate::Allocator::record_stream`]): it goes back to
+/// its strategy once their work up to the free is done.
+#[derive(Debug)]
+pub(super) struct Deferred {
+    pub ptr: DevicePtr,
+    pub live: Live,
+    /// Streams whose work is not known done yet.
+    waits: Vec<StreamId>,
+    /// The operation count at the free.
+    freed_at: u64,
+}
 
 /// The streams with memory freed on them since their work was last known complete.
 #[derive(Debug, Default)]
@@ -118,20 +131,101 @@ impl State {
                 false
             };
             if done {
-                self.synchronize_strategies(stream);
+                self.synchronize_strategies(dev, stream);
                 reclaimed += 1;
             }
         }
         self.freed_on.reclaimed();
+        if !self.deferred.is_empty() {
+            reclaimed += self.release_deferred(dev, wait);
+        }
         reclaimed
     }
 
-    /// The stream's work is done: its freed memory serves every stream, and it is forgotten.
-    pub(super) fn synchronize_strategies(&mut self, stream: StreamId) {
+    /// The stream's work is done: its freed memory serves every stream, it is forgotten, and
+    /// freed blocks that waited only for it go back to their strategies.
+    pub(super) fn synchronize_strategies(&mut self, dev: &dyn Device, stream: StreamId) {
         for s in &mut self.strategies {
             s.synchronize_stream(stream);
         }
         self.freed_on.forget(stream);
+        if !self.deferred.is_empty() {
+            for d in &mut self.deferred {
+                d.waits.retain(|&s| s != stream);
+            }
+            self.release_ready(dev);
+        }
+    }
+
+    /// [`crate::Allocator::record_stream`].
+    #[cold]
+    pub(super) fn record_stream(&mut self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
+        let Some(mut live) = self.live.get(ptr).copied() else {
+            return Err(AllocError::UnknownPointer { ptr });
+        };
+        if stream == live.stream {
+            return Ok(()); // its own stream orders its reuse already
+        }
+        let streams = self.recorded.entry(ptr).or_default();
+        if !streams.contains(&stream) {
+            streams.push(stream);
+        }
+        live.recorded = true;
+        self.live.insert(ptr, live);
+        Ok(())
+    }
+
+    /// A block with recorded streams was freed: it waits for them.
+    #[cold]
+    pub(super) fn defer(&mut self, ptr: DevicePtr, live: Live) {
+        let waits = self.recorded.remove(&ptr).unwrap_or_default();
+        self.deferred.push_back(Deferred {
+            ptr,
+            live,
+            waits,
+            freed_at: self.op,
+        });
+    }
+
+    /// Releases the freed blocks whose recorded streams' work is done (queried; with `wait`,
+    /// waited on). Returns how many went back.
+    #[cold]
+    pub(super) fn release_deferred(&mut self, dev: &dyn Device, wait: bool) -> usize {
+        let now = self.op;
+        let mut waited = 0;
+        for d in &mut self.deferred {
+            d.waits.retain(|&s| {
+                if dev.stream_done(s, d.freed_at, now) {
+                    return false;
+                }
+                if wait {
+                    waited += 1;
+                    return dev.stream_wait(s).is_err();
+                }
+                true
+            });
+        }
+        self.stats.stream_waits += waited;
+        self.release_ready(dev)
+    }
+
+    /// Gives the deferred blocks that wait for nothing back to their strategies.
+    fn release_ready(&mut self, dev: &dyn Device) -> usize {
+        let mut released = 0;
+        let mut i = 0;
+        while i < self.deferred.len() {
+            if self.deferred[i].waits.is_empty() {
+                let d = self.deferred.remove(i).expect("in range");
+                Shared::release_block(self, dev, d.ptr, d.live);
+                released += 1;
+            } else {
+                i += 1;
+            }
+        }
+        if released > 0 {
+            self.refresh();
+        }
+        released
     }
 }
 
