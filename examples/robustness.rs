@@ -1,5 +1,6 @@
-//! Judges a policy beyond the traces it was tuned on: every trace in ../shared/traces and six
-//! windows of it (a trace is a window of a run; another window puts the peak elsewhere), the
+//! Judges a policy beyond the traces it was tuned on: every trace in ../shared/traces, six
+//! windows of it (a trace is a window of a run; another window puts the peak elsewhere) and two
+//! multi-stream variants (a tenth and half of its blocks on a second stream), the
 //! bundled workloads at three seeds, and four random churns (sizes, live counts and device sizes
 //! the bundled small-churn does not cover). Each runs on SimDevice at every 1% step from
 //! passthrough's smallest capacity to 1.15x, then 1.2x, 1.3x, 1.5x and 2x, and the failed
@@ -20,6 +21,8 @@ use adaptalloc_cli::trace::{Trace, csv_files, read_csv, replay};
 /// Windows as fractions of the events: prefixes end before the run's later peaks, suffixes
 /// start with blocks whose allocation is outside the window (their frees are dropped).
 const WINDOWS: [(f64, f64); 6] = [(0.0, 0.4), (0.0, 0.6), (0.0, 0.8), (0.2, 1.0), (0.5, 1.0), (0.25, 0.75)];
+/// Shares of each trace's blocks moved to a second stream for its multi-stream variants.
+const STREAM_SHARES: [f64; 2] = [0.1, 0.5];
 /// Random churns: (min size, max size, most blocks live at once).
 const CHURNS: [(&str, &str, u32); 4] = [
     ("256", "64KiB", 500),
@@ -93,7 +96,10 @@ fn driver_calls_on_training(workloads: &[Trace], policy: &Policy) {
     println!("| workload | 2x live: ours / passthrough | / best fixed (calls) | 1.1x min: ours / passthrough |");
     println!("|---|---|---|---|");
     let mut misses = 0;
-    for t in workloads.iter().filter(|t| t.name.contains("-train.csv")) {
+    for t in workloads
+        .iter()
+        .filter(|t| t.name.contains("-train.csv") && !t.name.contains("second stream"))
+    {
         let roomy = 2 * t.peak_live_bytes() + (64 << 20);
         let fixed: Vec<_> = Contender::FIXED.iter().map(|&c| run_one(t, c, roomy, &opts)).collect();
         let pass = calls(fixed[0].driver_allocs, fixed[0].driver_frees);
@@ -133,6 +139,9 @@ fn workloads() -> anyhow::Result<Vec<Trace>> {
     for f in csv_files(&dir).unwrap_or_default() {
         let t = read_csv(&f, false)?;
         out.extend(WINDOWS.iter().map(|&(a, b)| t.window(a, b)));
+        // Multi-stream data: a tenth and half of the blocks on a second stream, never
+        // synchronized (SimDevice's streams finish their work at once).
+        out.extend(STREAM_SHARES.iter().map(|&s| t.split_streams(s)));
         out.push(t);
     }
     for (name, _) in BUNDLED {

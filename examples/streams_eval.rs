@@ -43,7 +43,10 @@ fn main() -> anyhow::Result<()> {
         let min = passthrough_min_capacity(t, Granularity::default());
         for (label, capacity) in [("1.1x", (min as f64 * 1.1) as u64), ("1.0x", min)] {
             for (lag_name, lag) in [("0", 0), ("max", u64::MAX)] {
-                let cells: Vec<(u64, u64)> = SHARES.iter().map(|&s| run(&split(t, s), capacity, lag)).collect();
+                let cells: Vec<(u64, u64)> = SHARES
+                    .iter()
+                    .map(|&s| run(&t.split_streams(s), capacity, lag))
+                    .collect();
                 cases += 1;
                 if cells.iter().any(|c| c.0 > 0) {
                     worse += 1;
@@ -58,17 +61,6 @@ fn main() -> anyhow::Result<()> {
     }
     println!("\n{worse} of {cases} cases had a failed allocation.");
     Ok(())
-}
-
-/// The trace with the blocks whose id hashes under `share` of the range on stream 1.
-fn split(t: &Trace, share: f64) -> Trace {
-    let cut = (share * u64::MAX as f64) as u64;
-    let mut events = t.events.clone();
-    for e in &mut events {
-        let h = e.id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        e.stream = u64::from(h < cut);
-    }
-    Trace::from_events(t.name.clone(), events, false).expect("same events, other streams")
 }
 
 /// (failed allocations, driver allocations) of the default policy.

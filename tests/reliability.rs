@@ -26,7 +26,9 @@ fn build(dev: &Arc<SimDevice>, setup: Setup) -> Allocator {
 #[test]
 fn injected_faults_never_corrupt_or_leak() {
     let (mut events, mut faults, mut failures) = (0u64, 0u64, 0u64);
-    for t in all_traces() {
+    // Every trace, and a multi-stream variant of it (30% of its blocks on a second stream,
+    // never synchronized).
+    for t in all_traces().into_iter().flat_map(|t| [t.split_streams(0.3), t]) {
         let cap = t.peak_live_bytes() * 2 + (64 << 20);
         for (rate_i, rate) in [0.002, 0.02, 0.1].into_iter().enumerate() {
             for (name, setup) in all_configs() {
