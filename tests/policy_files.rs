@@ -71,6 +71,15 @@ fn broken_policy_files_name_file_line_and_key() {
         let err = Policy::from_toml_str(text, "p.toml").unwrap_err().to_string();
         assert!(err.contains(where_) && err.contains(what), "for {text:?}: {err}");
     }
+    // Bounds that leave nothing of the device are refused once the device is known.
+    let big = Policy::from_toml_str("[bounds]\nheadroom = \"100GiB\"\n", "p.toml").unwrap();
+    let err = big.check_fits("p.toml", 16 << 30).unwrap_err().to_string();
+    assert!(
+        err.contains("p.toml") && err.contains("bounds.headroom") && err.contains("16GiB"),
+        "{err}"
+    );
+    big.check_fits("p.toml", 200 << 30).unwrap();
+    Policy::default().check_fits("default", 1 << 30).unwrap();
     let missing = Policy::from_file(std::path::Path::new("no/such/policy.toml"))
         .unwrap_err()
         .to_string();

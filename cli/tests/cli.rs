@@ -311,6 +311,16 @@ fn bad_input_is_a_one_line_error_with_exit_code_2() {
     }
     assert!(fails(&["compare", "--capacity-factor=-1"]).contains("capacity-factor"));
     assert!(fails(&["compare", "--capacity=0"]).contains("capacity"));
+    let big = write("big-headroom.toml", b"[bounds]\nheadroom = \"100GiB\"\n");
+    let small = write(
+        "small.csv",
+        format!("{header}alloc,1,0x10,4096,0\nfree,2,0x10,4096,0\n").as_bytes(),
+    );
+    let err = fails(&["replay", &small, "--policy", &big, "--capacity", "16GiB"]);
+    assert!(
+        err.contains("bounds.headroom") && err.contains("leaves nothing"),
+        "{err}"
+    );
     for n in ["0", "10001"] {
         let err = fails(&["compare", "--repeat", n]);
         assert!(err.contains("--repeat") && err.contains("1..=10000"), "{n}: {err}");

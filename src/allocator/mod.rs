@@ -297,6 +297,10 @@ impl Allocator {
     /// naming the file, line and key; no allocator starts on a half-read policy.
     pub fn from_env(device: Arc<dyn Device>) -> Result<Self, crate::error::ConfigError> {
         let policy = Policy::from_env()?;
+        if let Ok(total) = device.mem_info().map(|m| m.total) {
+            let name = std::env::var("ADAPTALLOC_POLICY").unwrap_or_else(|_| "the default policy".into());
+            policy.check_fits(&name, total)?;
+        }
         let alloc = Self::with_policy(device, policy);
         if let Ok(path) = std::env::var("ADAPTALLOC_REPORT") {
             if !path.trim().is_empty() {

@@ -382,6 +382,29 @@ impl Policy {
         toml::to_string_pretty(self).expect("a policy always serializes")
     }
 
+    /// Checks the bounds that depend on the device: the headroom and the low watermark must
+    /// leave something of a device of `total` bytes (`file` names the policy in the error).
+    pub fn check_fits(&self, file: &str, total: u64) -> Result<(), ConfigError> {
+        let b = &self.bounds;
+        for (key, value) in [
+            ("bounds.headroom", b.headroom),
+            ("bounds.low_watermark", b.low_watermark),
+        ] {
+            if value.resolve(total) >= total {
+                return Err(ConfigError::Invalid {
+                    file: file.into(),
+                    key: key.into(),
+                    value: value.to_string(),
+                    reason: format!(
+                        "leaves nothing of a {} device; give a size under it or a fraction under 100%",
+                        ByteSize(total)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn validate(&self, file: &str) -> Result<(), ConfigError> {
         let bad = |key: &str, value: String, reason: &str| {
             Err(ConfigError::Invalid {

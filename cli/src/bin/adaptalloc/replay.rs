@@ -59,7 +59,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         (Some(p), None) => {
-            let a = Allocator::with_policy(device, Policy::load(p)?);
+            let policy = Policy::load(p)?;
+            policy.check_fits(p, capacity)?;
+            let a = Allocator::with_policy(device, policy);
             (Box::new(a.clone()), Some(a))
         }
         (None, None) => {
