@@ -19,27 +19,34 @@ use common::stub::{run_on_stub, stub_or_skip};
 const CHILD: &str = "ADAPTALLOC_STUB_CUDA_CHILD";
 const CAPACITY: u64 = 96 << 20;
 
-#[test]
-fn cuda_device_runs_on_a_stub_libcuda() {
-    if std::env::var_os(CHILD).is_some() {
-        return child();
-    }
-    let Some(dir) = stub_or_skip("device") else {
+/// Runs test `name` again in a child process whose libcuda is the stub (the loader reads
+/// LD_LIBRARY_PATH at process start), with `CHILD` set to `name` and the `env` given; the child
+/// must succeed and print `marker`. Skips, saying why, where the stub cannot be used.
+fn in_child_on_stub(name: &str, env: &[(&str, &str)], marker: &str) {
+    let Some(dir) = stub_or_skip(name) else {
         return;
     };
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "cuda_device_runs_on_a_stub_libcuda",
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ])
-    .env(CHILD, "1");
+    cmd.args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(CHILD, name)
+        .envs(env.iter().copied());
     let (ok, text) = run_on_stub(&mut cmd, &dir, CAPACITY);
     assert!(ok, "child failed:\n{text}");
-    assert!(text.contains("stub checks passed"), "{text}");
+    assert!(text.contains(marker), "{text}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// True in the child of [`in_child_on_stub`] for test `name`.
+fn is_child(name: &str) -> bool {
+    std::env::var(CHILD).is_ok_and(|v| v == name)
+}
+
+#[test]
+fn cuda_device_runs_on_a_stub_libcuda() {
+    if is_child("cuda_device_runs_on_a_stub_libcuda") {
+        return child();
+    }
+    in_child_on_stub("cuda_device_runs_on_a_stub_libcuda", &[], "stub checks passed");
 }
 
 /// Runs inside the child, with the stub as libcuda.
@@ -174,33 +181,19 @@ fn child() {
     println!("stub checks passed");
 }
 
-const CONTEXT_CHILD: &str = "ADAPTALLOC_STUB_CONTEXT_CHILD";
-
 /// With two devices on the stub (which tracks the current context per thread, allocates on the
 /// current context's device and frees only there): every CudaDevice entry point leaves the
 /// caller's current context as it found it, and each device's allocator uses its own context.
 #[test]
 fn every_entry_point_restores_the_callers_context() {
-    if std::env::var_os(CONTEXT_CHILD).is_some() {
+    if is_child("every_entry_point_restores_the_callers_context") {
         return context_child();
     }
-    let Some(dir) = stub_or_skip("context") else {
-        return;
-    };
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
+    in_child_on_stub(
         "every_entry_point_restores_the_callers_context",
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ])
-    .env(CONTEXT_CHILD, "1")
-    .env("STUB_CUDA_DEVICES", "2");
-    let (ok, text) = run_on_stub(&mut cmd, &dir, CAPACITY);
-    assert!(ok, "child failed:\n{text}");
-    assert!(text.contains("context checks passed"), "{text}");
-    std::fs::remove_dir_all(&dir).ok();
+        &[("STUB_CUDA_DEVICES", "2")],
+        "context checks passed",
+    );
 }
 
 fn current() -> cudarc::driver::sys::CUcontext {
@@ -266,33 +259,20 @@ fn context_child() {
     println!("context checks passed");
 }
 
-const UNMAP_CHILD: &str = "ADAPTALLOC_STUB_UNMAP_CHILD";
-
 /// cuMemUnmap is not stream-ordered: the stub fails (and counts) an unmap of memory that queued
 /// work still uses. Blocks used by queued work and freed without any synchronization by the
 /// caller (as PyTorch frees) go back to the driver page by page, and splice teardown unmaps, only
 /// after the allocator waited for that work; one synchronization serves a whole release.
 #[test]
 fn pages_are_unmapped_only_after_queued_work_is_done() {
-    if std::env::var_os(UNMAP_CHILD).is_some() {
+    if is_child("pages_are_unmapped_only_after_queued_work_is_done") {
         return unmap_child();
     }
-    let Some(dir) = stub_or_skip("unmap") else {
-        return;
-    };
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
+    in_child_on_stub(
         "pages_are_unmapped_only_after_queued_work_is_done",
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ])
-    .env(UNMAP_CHILD, "1");
-    let (ok, text) = run_on_stub(&mut cmd, &dir, CAPACITY);
-    assert!(ok, "child failed:\n{text}");
-    assert!(text.contains("unmap checks passed"), "{text}");
-    std::fs::remove_dir_all(&dir).ok();
+        &[],
+        "unmap checks passed",
+    );
 }
 
 /// The stub's test hooks, found with dlsym in the libcuda the process loaded.
