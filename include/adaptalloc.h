@@ -7,6 +7,8 @@
  * Environment: ADAPTALLOC_POLICY (policy file or preset name; the default policy when unset),
  * ADAPTALLOC_REPORT (tuning report written at exit: .md, .toml or .json),
  * ADAPTALLOC_DEVICE (`cuda`, the default, or `sim:SIZE` for a simulated device).
+ * A broken ADAPTALLOC_POLICY or ADAPTALLOC_DEVICE is printed once to stderr (file, line and key)
+ * besides making adaptalloc_malloc return NULL with the reason in adaptalloc_last_error().
  * fork(): a child gets allocators of its own on its first call (never its parent's, whose locks
  * another parent thread may have held) and writes no report.
  */

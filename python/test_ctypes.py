@@ -144,6 +144,12 @@ def child(mode):
         report = os.environ["ADAPTALLOC_REPORT"]
         assert not os.path.exists(report), "a child wrote the parent's report"
         print("fork ok: 400 children forked while 3 threads allocated; none hung or failed")
+    elif mode == "bad-policy":
+        for _ in range(3):
+            assert lib.adaptalloc_malloc(4096, 0, None) is None
+        reason = lib.adaptalloc_last_error().decode()
+        assert "bad-policy.toml" in reason and "flavour" in reason, reason
+        print("bad-policy ok:", reason)
     elif mode == "streams":
         # Stream A (a fake handle: the simulated device ignores it) fills 512 MiB with 1 MiB
         # blocks and frees seven in eight without synchronizing; stream B then gets as many
@@ -204,10 +210,21 @@ def main():
         print("report at exit ok:", report)
     run_child("streams", {"ADAPTALLOC_DEVICE": "sim:512MiB"})
     with tempfile.TemporaryDirectory() as tmp:
+        policy = os.path.join(tmp, "bad-policy.toml")
+        with open(policy, "w") as f:
+            f.write("[routing]\nflavour = 3\n")
+        env = dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB", ADAPTALLOC_POLICY=policy)
+        out = subprocess.run([sys.executable, __file__, "--child", "bad-policy"], env=env,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+        printed = [l for l in out.stderr.splitlines() if l.startswith("adaptalloc: cannot build")]
+        assert len(printed) == 1 and "bad-policy.toml:2" in printed[0] and "flavour" in printed[0], out.stderr
+        print(out.stdout.strip(), "| printed once to stderr")
+    with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "fork-report.md")
         run_child("fork", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_REPORT": report})
         assert os.path.exists(report), "the parent writes its report at exit"
-    print("5 passed, 0 failed")
+    print("6 passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,12 @@ fn broken_policy_files_name_file_line_and_key() {
     );
     big.check_fits("p.toml", 200 << 30).unwrap();
     Policy::default().check_fits("default", 1 << 30).unwrap();
+    let typo = Policy::load("trainig").unwrap_err().to_string();
+    assert!(
+        typo.contains("trainig") && typo.contains("presets: default, training"),
+        "{typo}"
+    );
+    assert!(Policy::load("training").is_ok());
     let missing = Policy::from_file(std::path::Path::new("no/such/policy.toml"))
         .unwrap_err()
         .to_string();

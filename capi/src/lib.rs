@@ -14,7 +14,7 @@
 use std::cell::RefCell;
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use adaptalloc_core::allocator::Allocator;
@@ -128,6 +128,9 @@ unsafe extern "C" {
     fn atexit(callback: extern "C" fn()) -> c_int;
 }
 
+/// Whether the first failure to build an allocator from the environment was printed.
+static CONFIG_ERROR_PRINTED: AtomicBool = AtomicBool::new(false);
+
 /// The process that registered [`write_reports_at_exit`] (0: none yet).
 static REPORT_PID: AtomicU32 = AtomicU32::new(0);
 
@@ -186,7 +189,15 @@ fn allocator(device: c_int) -> Result<&'static Allocator, String> {
         }
         _ => Arc::new(CudaDevice::new(device).map_err(|e| format!("device {device}: {e}"))?),
     };
-    let alloc = Allocator::from_env(dev).map_err(|e| e.to_string())?;
+    let alloc = Allocator::from_env(dev).map_err(|e| {
+        let message = e.to_string();
+        // Loud once: a broken ADAPTALLOC_POLICY would otherwise make every malloc return NULL
+        // with the reason only in adaptalloc_last_error().
+        if !CONFIG_ERROR_PRINTED.swap(true, Ordering::Relaxed) {
+            eprintln!("adaptalloc: cannot build an allocator from the environment: {message}");
+        }
+        message
+    })?;
     // The process that first reads ADAPTALLOC_REPORT writes the reports; a child made by fork()
     // inherits the hook and this mark, and writes none (it would overwrite its parent's).
     if std::env::var_os("ADAPTALLOC_REPORT").is_some()

@@ -372,9 +372,20 @@ impl Policy {
 
     /// A preset by name, or else a policy file by path (a file of a preset's name wins).
     pub fn load(name_or_path: &str) -> Result<Self, ConfigError> {
+        let path = Path::new(name_or_path);
         match Self::preset(name_or_path) {
-            Some(p) if !Path::new(name_or_path).exists() => Ok(p),
-            _ => Self::from_file(Path::new(name_or_path)),
+            Some(p) if !path.exists() => Ok(p),
+            // Neither a file nor a preset: say which presets there are.
+            None if !path.exists() && path.extension().is_none() && !name_or_path.contains('/') => {
+                Err(ConfigError::Read {
+                    file: name_or_path.into(),
+                    reason: format!(
+                        "no such file, and not a preset (presets: {})",
+                        PRESETS.map(|(name, _)| name).join(", ")
+                    ),
+                })
+            }
+            _ => Self::from_file(path),
         }
     }
 
