@@ -264,8 +264,9 @@ impl TuningReport {
     }
 
     /// Writes the report to `path`, as TOML, JSON or Markdown by its extension (.toml, .json,
-    /// anything else: Markdown). JSON needs the crate's `json` feature (the command line and the
-    /// C ABI have it); without it a .json path is an error that says so.
+    /// .md or .markdown; any other is an error that names the path, so that `report.pdf` is not
+    /// silently Markdown). JSON needs the crate's `json` feature (the command line and the C ABI
+    /// have it); without it a .json path is an error that says so.
     pub fn write_to(&self, path: &std::path::Path) -> std::io::Result<()> {
         let text = match path.extension().and_then(|e| e.to_str()) {
             #[cfg(feature = "json")]
@@ -278,7 +279,16 @@ impl TuningReport {
                 )));
             }
             Some("toml") => self.to_toml().map_err(std::io::Error::other)?,
-            _ => self.to_string(),
+            Some("md" | "markdown") => self.to_string(),
+            _ => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "{}: a tuning report is written as .md, .toml or .json; name the file with one of them",
+                        path.display()
+                    ),
+                ));
+            }
         };
         std::fs::write(path, text)
     }

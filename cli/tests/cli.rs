@@ -321,6 +321,30 @@ fn bad_input_is_a_one_line_error_with_exit_code_2() {
         err.contains("bounds.headroom") && err.contains("leaves nothing"),
         "{err}"
     );
+    // An output file's extension must match what is written into it.
+    let pdf = tmp("report.pdf");
+    let err = fails(&[
+        "compare",
+        "--strategies",
+        "passthrough",
+        "--report",
+        pdf.to_str().unwrap(),
+    ]);
+    assert!(err.contains("report.pdf") && err.contains(".md"), "{err}");
+    let err = fails(&[
+        "compare",
+        "--strategies",
+        "passthrough",
+        "--plot",
+        pdf.to_str().unwrap(),
+    ]);
+    assert!(err.contains("report.pdf") && err.contains(".svg"), "{err}");
+    let err = fails(&["replay", &small, "--report", pdf.to_str().unwrap()]);
+    assert!(
+        err.contains("report.pdf") && err.contains(".md, .toml or .json"),
+        "{err}"
+    );
+    assert!(!pdf.exists(), "nothing written under the wrong name");
     for n in ["0", "10001"] {
         let err = fails(&["compare", "--repeat", n]);
         assert!(err.contains("--repeat") && err.contains("1..=10000"), "{n}: {err}");

@@ -36,6 +36,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !["text", "markdown", "json"].contains(&args.format.as_str()) {
         bail!("--format {:?}: use text, markdown or json", args.format);
     }
+    for (path, ext, what) in [
+        (&args.report, "md", "--report (Markdown)"),
+        (&args.plot, "svg", "--plot (SVG)"),
+    ] {
+        if let Some(p) = path
+            && p.extension().and_then(|e| e.to_str()) != Some(ext)
+        {
+            bail!("{}: {what} writes a .{ext} file; name it so", p.display());
+        }
+    }
     let opts = CompareOptions {
         contenders: contenders(&args.strategies)?,
         capacity: args.capacity.capacity()?,
