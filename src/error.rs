@@ -62,7 +62,7 @@ pub enum AllocError {
         "out of memory: asked for {requested}; this allocator holds {live} live, {reserved} \
          reserved, {idle} idle (released before failing), largest free block {largest_free}; \
          device has {device_free} free of {device_total}. Free tensors, lower the batch, or give \
-         a policy with a smaller cache. Cause: {source}"
+         a policy with a smaller cache. Cause: {cause}"
     )]
     OutOfMemory {
         requested: ByteSize,
@@ -72,7 +72,9 @@ pub enum AllocError {
         largest_free: ByteSize,
         device_free: ByteSize,
         device_total: ByteSize,
-        source: DeviceError,
+        /// The device's refusal. Shown in the message, and not a `source()`: an error chain
+        /// printed cause by cause would show it twice.
+        cause: DeviceError,
     },
 
     #[error("pointer {ptr:#x} is not a live allocation of this allocator (never allocated here, or already freed)")]
@@ -131,4 +133,37 @@ pub enum ConfigError {
         value: String,
         reason: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Printed as an error chain (each cause after the message, as `{:#}` in anyhow does), the
+    /// device's refusal appears once.
+    #[test]
+    fn an_out_of_memory_chain_shows_its_cause_once() {
+        let cause = DeviceError::OutOfMemory {
+            requested: ByteSize(3 << 20),
+            free: ByteSize(1 << 20),
+            total: ByteSize(1 << 30),
+        };
+        let err = AllocError::OutOfMemory {
+            requested: ByteSize(3 << 20),
+            live: ByteSize(0),
+            reserved: ByteSize(0),
+            idle: ByteSize(0),
+            largest_free: ByteSize(0),
+            device_free: ByteSize(1 << 20),
+            device_total: ByteSize(1 << 30),
+            cause: cause.clone(),
+        };
+        let mut chain = err.to_string();
+        let mut next = std::error::Error::source(&err);
+        while let Some(e) = next {
+            chain += &format!(": {e}");
+            next = e.source();
+        }
+        assert_eq!(chain.matches(&cause.to_string()).count(), 1, "{chain}");
+    }
 }

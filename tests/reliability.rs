@@ -52,7 +52,7 @@ fn injected_faults_never_corrupt_or_leak() {
                                 live.insert(e.id, (p, e.size, e.stream));
                             }
                             Err(AllocError::OutOfMemory {
-                                source: DeviceError::InjectedFault { .. },
+                                cause: DeviceError::InjectedFault { .. },
                                 ..
                             }) => failures += 1,
                             Err(other) => panic!("{} {name} rate {rate}: untyped failure {other:?}", t.name),

@@ -54,7 +54,7 @@ impl Shared {
             ),
             device_free: ByteSize(info.free),
             device_total: ByteSize(info.total),
-            source: last,
+            cause: last,
         };
         tracing::warn!(error = %err, "allocation failed");
         Err(err)
