@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use adaptalloc_core::allocator::Allocator;
 use adaptalloc_core::device::{Device, SimDevice};
 use adaptalloc_core::size::ByteSize;
-use adaptalloc_core::{CudaDevice, DevicePtr};
+use adaptalloc_core::{AllocError, CudaDevice, DevicePtr};
 
 /// Statistics of one device's allocator, as `adaptalloc_stats` fills them.
 #[repr(C)]
@@ -303,24 +303,21 @@ pub unsafe extern "C" fn adaptalloc_stats(device: c_int, out: *mut AdaptallocSta
     0
 }
 
-/// Runs `f` on `device`'s allocator: 0, or -1 (with the reason in `adaptalloc_last_error()`)
-/// when the device has none yet or `f` panicked.
-fn with_allocator(call: &str, device: c_int, f: impl FnOnce(&Allocator)) -> c_int {
+/// Runs `f` on `device`'s allocator: 0, or -1 with the reason in `adaptalloc_last_error()`
+/// (prefixed by `call`) when the device has none yet, `f` fails, or `f` panicked.
+fn with_allocator(call: &str, device: c_int, f: impl FnOnce(&Allocator) -> Result<(), AllocError>) -> c_int {
     let result = catch_unwind(AssertUnwindSafe(|| table().get(device).map(f)));
-    match result {
-        Ok(Some(())) => {
+    let message = match result {
+        Ok(Some(Ok(()))) => {
             clear_error();
-            0
+            return 0;
         }
-        Ok(None) => {
-            set_error(format!("{call}: no allocator for device {device} yet"));
-            -1
-        }
-        Err(_) => {
-            set_error(format!("{call}: internal panic (a bug; please report it)"));
-            -1
-        }
-    }
+        Ok(Some(Err(e))) => e.to_string(),
+        Ok(None) => format!("no allocator for device {device} yet"),
+        Err(_) => "internal panic (a bug; please report it)".to_string(),
+    };
+    set_error(format!("{call}: {message}"));
+    -1
 }
 
 /// Tells `device`'s allocator that all work queued on `stream` has completed (call it after
@@ -331,7 +328,8 @@ fn with_allocator(call: &str, device: c_int, f: impl FnOnce(&Allocator)) -> c_in
 pub extern "C" fn adaptalloc_synchronize_stream(device: c_int, stream: *mut c_void) -> c_int {
     let stream = stream as usize as u64;
     with_allocator("adaptalloc_synchronize_stream", device, |a| {
-        a.synchronize_stream(stream)
+        a.synchronize_stream(stream);
+        Ok(())
     })
 }
 
@@ -342,24 +340,18 @@ pub extern "C" fn adaptalloc_synchronize_stream(device: c_int, stream: *mut c_vo
 #[unsafe(no_mangle)]
 pub extern "C" fn adaptalloc_record_stream(ptr: *mut c_void, device: c_int, stream: *mut c_void) -> c_int {
     let (addr, stream) = (ptr as usize as DevicePtr, stream as usize as u64);
-    let mut failure = None;
-    let code = with_allocator("adaptalloc_record_stream", device, |a| {
-        failure = a.record_stream(addr, stream).err();
-    });
-    match failure {
-        Some(e) => {
-            set_error(format!("adaptalloc_record_stream({addr:#x}, device {device}): {e}"));
-            -1
-        }
-        None => code,
-    }
+    let call = format!("adaptalloc_record_stream({addr:#x}, device {device})");
+    with_allocator(&call, device, |a| a.record_stream(addr, stream))
 }
 
 /// Restarts `device`'s peak statistics from their current values (say, between training
 /// steps). 0, or -1 when nothing was allocated on `device` yet.
 #[unsafe(no_mangle)]
 pub extern "C" fn adaptalloc_reset_peak_stats(device: c_int) -> c_int {
-    with_allocator("adaptalloc_reset_peak_stats", device, Allocator::reset_peaks)
+    with_allocator("adaptalloc_reset_peak_stats", device, |a| {
+        a.reset_peaks();
+        Ok(())
+    })
 }
 
 /// The last error on this thread, as a NUL-terminated string ("" when none). Valid until the

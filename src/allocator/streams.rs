@@ -74,12 +74,6 @@ impl FreedOn {
         self.crowded_at = 2 * self.len();
     }
 
-    /// More than one stream holds memory freed on it.
-    #[cfg(test)]
-    fn several(&self) -> bool {
-        !self.others.is_empty()
-    }
-
     /// The streams and the operation counts of their last frees.
     fn entries(&self) -> Vec<(StreamId, u64)> {
         let mut v: Vec<(StreamId, u64)> = self.others.iter().map(|(&s, &at)| (s, at)).collect();
@@ -238,17 +232,17 @@ mod tests {
         let mut f = FreedOn::default();
         assert!(!f.note(0, 1));
         f.note(0, 2);
-        assert!(!f.several());
+        assert!(f.others.is_empty());
         assert_eq!(f.entries(), [(0, 2)]);
         f.note(7, 3);
-        assert!(f.several());
+        assert!(!f.others.is_empty());
         f.note(0, 4);
         assert_eq!(f.entries(), [(0, 4), (7, 3)]);
         f.forget(0);
         assert_eq!((f.entries(), f.len()), (vec![(7, 3)], 1));
         f.note(7, 5);
         assert_eq!(f.entries(), [(7, 5)]);
-        assert!(!f.several(), "the memo holds the only stream");
+        assert!(f.others.is_empty(), "the memo holds the only stream");
     }
 
     #[test]

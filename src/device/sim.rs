@@ -111,8 +111,7 @@ pub struct SimDevice {
     vmm: bool,
     /// Operations after which work queued on a stream has completed ([`Device::stream_done`]).
     stream_lag: u64,
-    /// Calls of [`Device::stream_wait`] and [`VirtualMemory::quiesce`].
-    stream_waits: std::sync::atomic::AtomicU64,
+    /// Calls of [`VirtualMemory::quiesce`].
     quiesces: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
 }
@@ -192,7 +191,6 @@ impl SimDeviceBuilder {
             faults: self.faults,
             vmm: self.vmm,
             stream_lag: self.stream_lag,
-            stream_waits: std::sync::atomic::AtomicU64::new(0),
             quiesces: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -219,11 +217,6 @@ impl SimDevice {
     /// Calls of [`VirtualMemory::quiesce`] so far (synchronizations before unmapping).
     pub fn quiesces(&self) -> u64 {
         self.quiesces.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Calls of [`Device::stream_wait`] so far.
-    pub fn stream_waits(&self) -> u64 {
-        self.stream_waits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn capacity(&self) -> u64 {
@@ -404,11 +397,6 @@ impl Device for SimDevice {
 
     fn stream_done(&self, _stream: crate::strategy::StreamId, freed_at: u64, now: u64) -> bool {
         now.saturating_sub(freed_at) >= self.stream_lag
-    }
-
-    fn stream_wait(&self, _stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
-        self.stream_waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(())
     }
 
     fn name(&self) -> String {

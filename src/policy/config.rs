@@ -425,18 +425,25 @@ impl Policy {
                 reason: reason.into(),
             })
         };
-        let r = &self.routing;
-        if !(0.0..=1.0).contains(&r.cache_min_reuse) {
-            return bad(
-                "routing.cache_min_reuse",
-                r.cache_min_reuse.to_string(),
-                "a fraction within 0..1",
-            );
-        }
+        // A number that must lie in a closed range (NaN never does).
+        let within = |key: &str, value: f64, lo: f64, hi: f64, reason: &str| {
+            if (lo..=hi).contains(&value) {
+                Ok(())
+            } else {
+                bad(key, value.to_string(), reason)
+            }
+        };
+        let (r, s, b) = (&self.routing, &self.suballoc, &self.bounds);
+        within(
+            "routing.cache_min_reuse",
+            r.cache_min_reuse,
+            0.0,
+            1.0,
+            "a fraction within 0..1",
+        )?;
         if r.interval_ops == 0 {
             return bad("routing.interval_ops", "0".into(), "at least 1 operation");
         }
-        let s = &self.suballoc;
         if s.min_slab.0 == 0 || s.min_slab > s.max_slab {
             return bad(
                 "suballoc.min_slab",
@@ -444,43 +451,42 @@ impl Policy {
                 "need 0 < min_slab <= max_slab",
             );
         }
-        if !(0.0..=16.0).contains(&s.growth) {
-            return bad(
-                "suballoc.growth",
-                s.growth.to_string(),
-                "a factor within 0..16 (0.25 is typical)",
-            );
-        }
-        if !(0.0..=16.0).contains(&s.loose_growth) {
-            return bad(
-                "suballoc.loose_growth",
-                s.loose_growth.to_string(),
-                "a factor within 0..16 (0.25 is the default)",
-            );
-        }
-        let b = &self.bounds;
-        if !(b.strand_share >= 0.0 && b.strand_share.is_finite()) {
-            return bad(
-                "bounds.strand_share",
-                b.strand_share.to_string(),
-                "a share of 0 or more (0.5 is the default; 0 never strands)",
-            );
-        }
-        if !(1.0..=1000.0).contains(&b.peak_growth) {
-            return bad(
-                "bounds.peak_growth",
-                b.peak_growth.to_string(),
-                "a factor within 1..1000 (3 is the default)",
-            );
-        }
-        if !(0.0..=1.0).contains(&b.spare_share) {
-            return bad(
-                "bounds.spare_share",
-                b.spare_share.to_string(),
-                "a share within 0..1 (0.5 is the default; 0 bounds idle memory by max_idle alone)",
-            );
-        }
-        if self.bounds.mem_info_interval_ops == 0 {
+        within(
+            "suballoc.growth",
+            s.growth,
+            0.0,
+            16.0,
+            "a factor within 0..16 (0.25 is typical)",
+        )?;
+        within(
+            "suballoc.loose_growth",
+            s.loose_growth,
+            0.0,
+            16.0,
+            "a factor within 0..16 (0.25 is the default)",
+        )?;
+        within(
+            "bounds.strand_share",
+            b.strand_share,
+            0.0,
+            f64::MAX,
+            "a share of 0 or more (0.5 is the default; 0 never strands)",
+        )?;
+        within(
+            "bounds.peak_growth",
+            b.peak_growth,
+            1.0,
+            1000.0,
+            "a factor within 1..1000 (3 is the default)",
+        )?;
+        within(
+            "bounds.spare_share",
+            b.spare_share,
+            0.0,
+            1.0,
+            "a share within 0..1 (0.5 is the default; 0 bounds idle memory by max_idle alone)",
+        )?;
+        if b.mem_info_interval_ops == 0 {
             return bad("bounds.mem_info_interval_ops", "0".into(), "at least 1 operation");
         }
         Ok(())
