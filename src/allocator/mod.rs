@@ -555,7 +555,9 @@ impl Shared {
         let op = st.op;
         let si = live.strategy as usize;
         if st.freed_on.note(live.stream, op) {
-            st.reclaim_streams(dev, None, false);
+            // Not the stream freeing now: reclaimed before its free, it would be forgotten
+            // before its free lists exist, and they would never be given up.
+            st.reclaim_streams(dev, Some(live.stream), false);
         }
         st.strategies[si].deallocate(dev, ptr, live.block, live.meta, live.stream, op);
         if let Some(e) = st.engine.as_deref_mut() {

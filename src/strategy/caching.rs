@@ -356,7 +356,8 @@ impl Caching {
     }
 
     /// Bins in use (per (stream, block size), and the shared ones).
-    pub fn bins_in_use(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn bins_in_use(&self) -> usize {
         self.bins.len() - self.spare_bins.len()
     }
 

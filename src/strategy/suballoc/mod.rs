@@ -502,7 +502,8 @@ impl Suballoc {
     }
 
     /// Free-list sets in use for streams (per (stream, size pool)).
-    pub fn stream_list_sets(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn stream_list_sets(&self) -> usize {
         self.stream_lists.len()
     }
 
