@@ -10,6 +10,7 @@ use crate::trace::{ReplayOptions, ReplayTarget, Trace, replay_with};
 use adaptalloc::allocator::{Allocator, AllocatorConfig, StrategyConfig};
 use adaptalloc::device::{CostModel, Device, Granularity, SimDevice, TenantAction};
 use adaptalloc::policy::Policy;
+use adaptalloc::report::{KindTime, by_kind, by_kind_line};
 use adaptalloc::size::{ByteSize, GIB, round_up};
 use adaptalloc::strategy::{CachingConfig, StrategyKind};
 
@@ -186,6 +187,8 @@ pub struct StrategyResult {
     pub driver_allocs: u64,
     pub driver_frees: u64,
     pub modeled_driver_ns: u64,
+    /// Modelled driver calls and time by kind of operation (the kinds with calls).
+    pub driver_by_kind: Vec<KindTime>,
     pub peak_reserved_bytes: u64,
     pub tenant_failures: u64,
     pub wall_ns: u64,
@@ -354,6 +357,7 @@ pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &Compar
         driver_allocs: m.driver_allocs,
         driver_frees: m.driver_frees,
         modeled_driver_ns: m.modeled_driver_ns,
+        driver_by_kind: by_kind(&m.driver_ops),
         peak_reserved_bytes: m.peak_reserved_bytes,
         tenant_failures: dev.tenant_failures(),
         wall_ns: m.wall_ns,
@@ -406,16 +410,17 @@ impl Comparison {
                 ByteSize(t.peak_live_bytes),
                 cap
             );
-            out += "| strategy | completed | failed | driver calls | driver time (ms) | peak reserved | reserved / live | tenant failures |\n";
-            out += "|---|---|---|---|---|---|---|---|\n";
+            out += "| strategy | completed | failed | driver calls | driver time (ms) | dearest kinds | peak reserved | reserved / live | tenant failures |\n";
+            out += "|---|---|---|---|---|---|---|---|---|\n";
             for r in &t.results {
                 out += &format!(
-                    "| {} | {} | {} | {} | {:.1} | {} | {:.3} | {} |\n",
+                    "| {} | {} | {} | {} | {:.1} | {} | {} | {:.3} | {} |\n",
                     r.strategy,
                     if r.completed { "yes" } else { "no" },
                     r.failed_allocs,
                     r.driver_allocs + r.driver_frees,
                     r.modeled_driver_ns as f64 / 1e6,
+                    by_kind_line(&r.driver_by_kind, 3),
                     ByteSize(r.peak_reserved_bytes),
                     r.peak_reserved_bytes as f64 / t.peak_live_bytes.max(1) as f64,
                     r.tenant_failures

@@ -82,6 +82,7 @@ fn compare_json_has_the_documented_shape() {
         [
             "completed",
             "driver_allocs",
+            "driver_by_kind",
             "driver_frees",
             "failed_allocs",
             "modeled_driver_ns",
@@ -91,6 +92,16 @@ fn compare_json_has_the_documented_shape() {
             "wall_ns"
         ]
     );
+    // Every result's time by kind adds up to its modelled driver time, each kind a cost-model key.
+    for r in t["results"].as_array().unwrap() {
+        let kinds = r["driver_by_kind"].as_array().unwrap();
+        let sum: u64 = kinds.iter().map(|k| k["ns"].as_u64().unwrap()).sum();
+        assert_eq!(sum, r["modeled_driver_ns"].as_u64().unwrap(), "{r}");
+        for k in kinds {
+            assert_eq!(keys(k), ["calls", "kind", "ns"]);
+            assert!(k["calls"].as_u64().unwrap() > 0, "{k}");
+        }
+    }
     let names: Vec<&str> = t["results"]
         .as_array()
         .unwrap()

@@ -33,6 +33,13 @@ fn gpu_bench_runs_on_a_stub_libcuda() {
         "{}",
         model.description
     );
+    // Every virtual-memory call was timed on the stub's VMM, on 2 MiB and 20 MiB handles.
+    let written = std::fs::read_to_string(&cost).unwrap();
+    assert!(
+        written.contains("medians over 4 handles of 2MiB and 2 of 20MiB"),
+        "{written}"
+    );
+    assert_eq!(model.vmm.create_ns.points.len(), 2, "{written}");
     let table = std::fs::read_to_string(&results).unwrap();
     // small-churn (13 MiB peak) fits the stub's 256 MiB; the GiB-sized workloads are skipped.
     for name in ["passthrough", "caching", "suballoc", "adaptive", "cuda-pool"] {

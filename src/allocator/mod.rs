@@ -594,6 +594,7 @@ impl Shared {
             device: self.device.name(),
             device_total: self.capacity,
             device_driver_ns: device_stats.driver_ns,
+            device_ops: device_stats.ops,
             policy: e.policy(),
             stats: &stats,
             operations: st.op,

@@ -71,6 +71,55 @@ impl CostCurve {
     }
 }
 
+/// A price that may depend on size: a number of ns, or a curve `{ points = [[size, ns], ...] }`.
+fn flat_or_curve<'de, D: serde::Deserializer<'de>>(d: D) -> Result<CostCurve, D::Error> {
+    struct Visitor;
+    impl<'de> serde::de::Visitor<'de> for Visitor {
+        type Value = CostCurve;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a number of ns, or a table { points = [[size, ns], ...] }")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<CostCurve, E> {
+            Ok(CostCurve::flat(v))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<CostCurve, E> {
+            u64::try_from(v)
+                .map(CostCurve::flat)
+                .map_err(|_| E::custom(format!("a price cannot be negative (got {v})")))
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<CostCurve, A::Error> {
+            CostCurve::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    d.deserialize_any(Visitor)
+}
+
+/// Prices of CUDA's virtual-memory calls, ns per call. `CudaDevice` backs a mapping with one
+/// physical handle per page (2 MiB), so mapping `n` pages costs `n` creates, maps and
+/// set-accesses, and unmapping them `n` unmaps and releases, after one synchronization.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VmmCosts {
+    /// cuMemAddressReserve.
+    pub reserve_ns: u64,
+    /// cuMemAddressFree.
+    pub unreserve_ns: u64,
+    /// cuMemCreate of one physical handle, by handle size (a number: the same for every size).
+    #[serde(deserialize_with = "flat_or_curve")]
+    pub create_ns: CostCurve,
+    /// cuMemMap of one handle.
+    pub map_ns: u64,
+    /// cuMemSetAccess of one mapping, one device.
+    pub set_access_ns: u64,
+    /// cuMemUnmap of one mapping (host-synchronous).
+    pub unmap_ns: u64,
+    /// cuMemRelease of one handle reference.
+    pub release_ns: u64,
+    /// The synchronization (cuCtxSynchronize) before a batch of unmaps: unmapping is not
+    /// stream-ordered, so queued work must finish first.
+    pub unmap_sync_ns: u64,
+}
+
 /// Modelled cost of driver calls.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -86,6 +135,12 @@ pub struct CostModel {
     pub free_sync_ns: u64,
     /// cuMemGetInfo latency, in ns.
     pub mem_info_ns: u64,
+    /// cudaMallocAsync served from a stream-ordered pool's memory, in ns.
+    pub async_alloc_ns: u64,
+    /// cudaFreeAsync, in ns.
+    pub async_free_ns: u64,
+    /// Virtual-memory calls.
+    pub vmm: VmmCosts,
 }
 
 /// The default model, the same numbers as `tuning/cost-models/default.toml` (a test checks).
@@ -107,6 +162,18 @@ impl CostModel {
             free: CostCurve::flat(0),
             free_sync_ns: 0,
             mem_info_ns: 0,
+            async_alloc_ns: 0,
+            async_free_ns: 0,
+            vmm: VmmCosts {
+                reserve_ns: 0,
+                unreserve_ns: 0,
+                create_ns: CostCurve::flat(0),
+                map_ns: 0,
+                set_access_ns: 0,
+                unmap_ns: 0,
+                release_ns: 0,
+                unmap_sync_ns: 0,
+            },
         }
     }
 
@@ -114,6 +181,7 @@ impl CostModel {
         let model: CostModel = crate::config::parse(text, file)?;
         model.alloc.validate(file, "alloc.points")?;
         model.free.validate(file, "free.points")?;
+        model.vmm.create_ns.validate(file, "vmm.create_ns")?;
         Ok(model)
     }
 
@@ -126,8 +194,21 @@ impl CostModel {
         self.alloc.ns(bytes)
     }
 
+    /// A cuMemFree of `bytes` with the synchronization it implies.
     pub fn free_ns(&self, bytes: u64) -> u64 {
         self.free.ns(bytes) + self.free_sync_ns
+    }
+
+    /// Mapping `handles` new physical handles of `handle` bytes each: create, map and set
+    /// access per handle.
+    pub fn map_handles_ns(&self, handles: u64, handle: u64) -> u64 {
+        handles * (self.vmm.create_ns.ns(handle) + self.vmm.map_ns + self.vmm.set_access_ns)
+    }
+
+    /// Unmapping `mappings` mappings: unmap and release per mapping (the synchronization
+    /// before them is [`VmmCosts::unmap_sync_ns`], charged once per batch).
+    pub fn unmap_handles_ns(&self, mappings: u64) -> u64 {
+        mappings * (self.vmm.unmap_ns + self.vmm.release_ns)
     }
 }
 
@@ -154,13 +235,56 @@ mod tests {
         assert_eq!(c.ns(1 << 30), 300);
     }
 
+    /// Everything after `alloc` in a minimal model.
+    const REST: &str = "free = { points = [[1, 1]] }\nfree_sync_ns = 0\nmem_info_ns = 0\nasync_alloc_ns = 0\nasync_free_ns = 0\n[vmm]\nreserve_ns = 0\nunreserve_ns = 0\ncreate_ns = 5\nmap_ns = 1\nset_access_ns = 0\nunmap_ns = 0\nrelease_ns = 0\nunmap_sync_ns = 0\n";
+
+    #[test]
+    fn create_price_is_a_number_or_a_curve_by_handle_size() {
+        let m = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{REST}"), "x.toml").unwrap();
+        assert_eq!(m.vmm.create_ns.ns(2 * MIB), 5);
+        assert_eq!(m.map_handles_ns(3, 2 * MIB), 3 * 6);
+        let curve = REST.replace(
+            "create_ns = 5",
+            "create_ns = { points = [[\"2MiB\", 10], [\"32MiB\", 50]] }",
+        );
+        let m = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{curve}"), "x.toml").unwrap();
+        assert_eq!(m.vmm.create_ns.ns(2 * MIB), 10);
+        assert_eq!(m.vmm.create_ns.ns(8 * MIB), 30);
+        let unsorted = REST.replace(
+            "create_ns = 5",
+            "create_ns = { points = [[\"4MiB\", 10], [\"2MiB\", 50]] }",
+        );
+        let err = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{unsorted}"), "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("vmm.create_ns") && err.contains("increasing"), "{err}");
+    }
+
     #[test]
     fn rejects_unsorted_points_and_unknown_keys() {
-        let bad = "alloc = { points = [[\"2MiB\", 5], [\"1MiB\", 6]] }\nfree = { points = [[1, 1]] }\nfree_sync_ns = 0\nmem_info_ns = 0\n";
-        let err = CostModel::from_toml_str(bad, "x.toml").unwrap_err().to_string();
+        let bad = format!("alloc = {{ points = [[\"2MiB\", 5], [\"1MiB\", 6]] }}\n{REST}");
+        let err = CostModel::from_toml_str(&bad, "x.toml").unwrap_err().to_string();
         assert!(err.contains("alloc.points") && err.contains("increasing"), "{err}");
-        let unknown = "alloc = { points = [[1, 1]] }\nfree = { points = [[1, 1]] }\nfree_sync_ns = 0\nmem_info_ns = 0\nspeed = 3\n";
-        let err = CostModel::from_toml_str(unknown, "x.toml").unwrap_err().to_string();
-        assert!(err.contains("x.toml:5") && err.contains("speed"), "{err}");
+        let unknown = format!("speed = 3\nalloc = {{ points = [[1, 1]] }}\n{REST}");
+        let err = CostModel::from_toml_str(&unknown, "x.toml").unwrap_err().to_string();
+        assert!(err.contains("x.toml:1") && err.contains("speed"), "{err}");
+        let bad_vmm = format!(
+            "alloc = {{ points = [[1, 1]] }}\n{}",
+            REST.replace("map_ns = 1", "map_ns = 1\nspeed = 2")
+        );
+        let err = CostModel::from_toml_str(&bad_vmm, "x.toml").unwrap_err().to_string();
+        assert!(err.contains("speed"), "{err}");
+        let no_vmm = format!(
+            "alloc = {{ points = [[1, 1]] }}\n{}",
+            &REST[..REST.find("[vmm]").unwrap()]
+        );
+        let err = CostModel::from_toml_str(&no_vmm, "x.toml").unwrap_err().to_string();
+        assert!(err.contains("vmm"), "{err}");
+        let negative = format!(
+            "alloc = {{ points = [[1, 1]] }}\n{}",
+            REST.replace("create_ns = 5", "create_ns = -5")
+        );
+        let err = CostModel::from_toml_str(&negative, "x.toml").unwrap_err().to_string();
+        assert!(err.contains("negative"), "{err}");
     }
 }

@@ -174,6 +174,7 @@ impl Device for CudaDevice {
         let ns = start.elapsed().as_nanos() as u64;
         let mut stats = self.stats.lock();
         stats.driver_ns += ns;
+        stats.ops.alloc.charge(1, ns);
         if result == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
             stats.failed_allocs += 1;
             drop(stats);
@@ -194,8 +195,11 @@ impl Device for CudaDevice {
         let start = Instant::now();
         // SAFETY: callers pass pointers from `allocate` (the allocator's map guarantees it).
         let result = unsafe { sys::cuMemFree_v2(ptr) };
+        let ns = start.elapsed().as_nanos() as u64;
         let mut stats = self.stats.lock();
-        stats.driver_ns += start.elapsed().as_nanos() as u64;
+        stats.driver_ns += ns;
+        // Measured with the synchronization it implies (not told apart on a real device).
+        stats.ops.free.charge(1, ns);
         check("cuMemFree_v2", result)?;
         stats.driver_frees += 1;
         stats.allocated_bytes -= self.sizes.lock().remove(&ptr).unwrap_or(0);
@@ -205,11 +209,16 @@ impl Device for CudaDevice {
     fn mem_info(&self) -> Result<MemInfo, DeviceError> {
         let _current = self.make_current()?;
         let (mut free, mut total) = (0usize, 0usize);
+        let start = Instant::now();
         // SAFETY: both out-pointers are live locals; the context is current.
         check("cuMemGetInfo_v2", unsafe {
             sys::cuMemGetInfo_v2(&mut free, &mut total)
         })?;
-        self.stats.lock().mem_info_calls += 1;
+        let ns = start.elapsed().as_nanos() as u64;
+        let mut stats = self.stats.lock();
+        stats.mem_info_calls += 1;
+        stats.driver_ns += ns;
+        stats.ops.mem_info.charge(1, ns);
         Ok(MemInfo {
             free: free as u64,
             total: total as u64,

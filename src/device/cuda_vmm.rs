@@ -231,3 +231,135 @@ impl VirtualMemory for CudaDevice {
         check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 }
+
+/// Median latency of each virtual-memory call on one device, ns (what `adaptalloc gpu-bench`
+/// writes into a cost model's `[vmm]` table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmmTimings {
+    pub reserve_ns: u64,
+    pub unreserve_ns: u64,
+    pub create_ns: u64,
+    pub map_ns: u64,
+    pub set_access_ns: u64,
+    pub unmap_ns: u64,
+    pub release_ns: u64,
+    /// cuCtxSynchronize on an idle device: the floor of the wait before unmapping.
+    pub sync_ns: u64,
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+impl CudaDevice {
+    /// Times every virtual-memory call on `n` physical handles of `handle` bytes (a multiple
+    /// of the granule): one reservation for them all, then per handle cuMemCreate, cuMemMap and
+    /// cuMemSetAccess, then per handle cuMemUnmap and cuMemRelease, and cuMemAddressFree; the
+    /// median of each. Everything it made is given back, on failure too. Errors when the device
+    /// has no virtual memory management or `handle` is off the granule.
+    pub fn time_vmm_calls(&self, handle: u64, n: usize) -> Result<VmmTimings, DeviceError> {
+        let Some(page) = self.vmm_page else {
+            return Err(DeviceError::Driver {
+                call: "cuDeviceGetAttribute",
+                code: "no virtual memory management on this device (or ADAPTALLOC_CUDA_VMM=0)".into(),
+            });
+        };
+        if handle == 0 || handle % page != 0 || n == 0 {
+            return Err(DeviceError::Driver {
+                call: "cuMemCreate",
+                code: format!("a handle of {handle} bytes is not a multiple of the {page}-byte granule"),
+            });
+        }
+        let _current = self.make_current()?;
+        let prop = allocation_prop(self.ordinal());
+        let desc = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let total = handle as usize * n;
+        let mut base: sys::CUdeviceptr = 0;
+        let t = Instant::now();
+        // SAFETY: `base` is a live local; address space only.
+        check("cuMemAddressReserve", unsafe {
+            sys::cuMemAddressReserve(&mut base, total, page as usize, 0, 0)
+        })?;
+        let mut out = VmmTimings {
+            reserve_ns: t.elapsed().as_nanos() as u64,
+            ..Default::default()
+        };
+        let (mut create, mut map, mut access) = (Vec::new(), Vec::new(), Vec::new());
+        // Handles made so far, and how many of them are mapped.
+        let mut handles: Vec<sys::CUmemGenericAllocationHandle> = Vec::with_capacity(n);
+        let mut mapped = 0usize;
+        let mut result = Ok(());
+        for i in 0..n {
+            let va = base + (i as u64) * handle;
+            let mut h: sys::CUmemGenericAllocationHandle = 0;
+            let t = Instant::now();
+            // SAFETY: `h` and `prop` are live locals; the context is current.
+            let r = check("cuMemCreate", unsafe {
+                sys::cuMemCreate(&mut h, handle as usize, &prop, 0)
+            });
+            create.push(t.elapsed().as_nanos() as u64);
+            if let Err(e) = r {
+                result = Err(e);
+                break;
+            }
+            handles.push(h);
+            let t = Instant::now();
+            // SAFETY: `va..va+handle` lies in our reservation, unmapped; `h` is a handle of
+            // exactly `handle` bytes that we hold.
+            let r = check("cuMemMap", unsafe { sys::cuMemMap(va, handle as usize, 0, h, 0) });
+            map.push(t.elapsed().as_nanos() as u64);
+            if let Err(e) = r {
+                result = Err(e);
+                break;
+            }
+            mapped += 1;
+            let t = Instant::now();
+            // SAFETY: `va..va+handle` was just mapped; `desc` is one live descriptor.
+            let r = check("cuMemSetAccess", unsafe {
+                sys::cuMemSetAccess(va, handle as usize, &desc, 1)
+            });
+            access.push(t.elapsed().as_nanos() as u64);
+            if let Err(e) = r {
+                result = Err(e);
+                break;
+            }
+        }
+        let t = Instant::now();
+        // SAFETY: the context is current; the call takes no pointers.
+        let synced = check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() });
+        out.sync_ns = t.elapsed().as_nanos() as u64;
+        result = result.and(synced);
+        let (mut unmap, mut release) = (Vec::new(), Vec::new());
+        for (i, &h) in handles.iter().enumerate() {
+            if i < mapped {
+                let t = Instant::now();
+                // SAFETY: mapped above at this address, with nothing queued on it.
+                let r = check("cuMemUnmap", unsafe {
+                    sys::cuMemUnmap(base + (i as u64) * handle, handle as usize)
+                });
+                unmap.push(t.elapsed().as_nanos() as u64);
+                result = result.and(r);
+            }
+            let t = Instant::now();
+            // SAFETY: our reference from cuMemCreate, unmapped now: its memory goes back.
+            let r = check("cuMemRelease", unsafe { sys::cuMemRelease(h) });
+            release.push(t.elapsed().as_nanos() as u64);
+            result = result.and(r);
+        }
+        let t = Instant::now();
+        // SAFETY: our reservation, with every handle in it unmapped above.
+        let freed = check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(base, total) });
+        out.unreserve_ns = t.elapsed().as_nanos() as u64;
+        result.and(freed)?;
+        out.create_ns = median(create);
+        out.map_ns = median(map);
+        out.set_access_ns = median(access);
+        out.unmap_ns = median(unmap);
+        out.release_ns = median(release);
+        Ok(out)
+    }
+}

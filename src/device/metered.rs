@@ -51,6 +51,9 @@ impl Device for Metered {
     fn cuda_ordinal(&self) -> Option<i32> {
         self.inner.cuda_ordinal()
     }
+    fn charge_pool_call(&self, call: super::PoolCall) {
+        self.inner.charge_pool_call(call)
+    }
     fn stats(&self) -> DeviceStats {
         self.inner.stats()
     }
@@ -72,6 +75,17 @@ impl VirtualMemory for Metered {
     }
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let r = self.inner.vmm().expect("vmm checked by the caller").map(ptr, bytes);
+        if r.is_ok() {
+            self.allocs.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+    fn map_handles(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+        let r = self
+            .inner
+            .vmm()
+            .expect("vmm checked by the caller")
+            .map_handles(ptr, bytes, handle);
         if r.is_ok() {
             self.allocs.fetch_add(1, Ordering::Relaxed);
         }

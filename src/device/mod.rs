@@ -14,12 +14,15 @@ mod cuda_vmm;
 #[allow(unsafe_code)]
 mod cuda_pool;
 mod metered;
+mod ops;
 mod sim;
 
 pub use cost::{CostCurve, CostModel};
 pub use cuda::CudaDevice;
 pub use cuda_pool::CudaPool;
+pub use cuda_vmm::VmmTimings;
 pub(crate) use metered::Metered;
+pub use ops::{DriverOps, OpTally, PoolCall};
 pub use sim::{FaultPlan, Granularity, LeakReport, SimDevice, SimDeviceBuilder, TenantAction};
 
 use crate::error::DeviceError;
@@ -49,6 +52,9 @@ pub struct DeviceStats {
     pub allocated_bytes: u64,
     /// Time spent in the driver: modelled on SimDevice, measured on CudaDevice.
     pub driver_ns: u64,
+    /// The same calls and time by kind of operation. On CudaDevice only the kinds it times one
+    /// call at a time: alloc, free (its synchronization included) and mem_info.
+    pub ops: DriverOps,
 }
 
 /// Page-granular virtual memory, as CUDA's cuMemAddressReserve / cuMemCreate / cuMemMap /
@@ -63,7 +69,18 @@ pub trait VirtualMemory: Send + Sync {
     fn unreserve(&self, ptr: DevicePtr) -> Result<(), DeviceError>;
     /// Backs `ptr..ptr+bytes` (page-aligned, inside a reservation) with physical memory.
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
-    /// Returns the physical memory behind `ptr..ptr+bytes` to the device.
+    /// Backs `ptr..ptr+bytes` (page-aligned, inside a reservation, unmapped) with physical
+    /// handles of `handle` bytes each (a page multiple dividing `bytes`), with one access grant
+    /// for the whole range, as PyTorch's expandable segments map: larger handles are cheaper to
+    /// map (the driver's cost goes with the number of handles) but can only be unmapped whole.
+    /// The default maps page by page, as [`map`](VirtualMemory::map).
+    fn map_handles(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+        let _ = handle;
+        self.map(ptr, bytes)
+    }
+    /// Returns the physical memory behind `ptr..ptr+bytes` to the device; the range holds
+    /// whole mappings (every page mapped by [`map`](VirtualMemory::map), or whole handles
+    /// mapped by [`map_handle`](VirtualMemory::map_handle)).
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
     /// Maps the physical pages already mapped at `src..src+bytes` a second time, at
     /// `ptr..ptr+bytes` (page-aligned, inside a reservation, unmapped): both ranges then show
@@ -136,6 +153,12 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
         let _ = stream;
         Ok(())
+    }
+    /// A stream-ordered pool (cudaMallocAsync) served `call` from memory it holds: a modelled
+    /// device charges its price; a real one (the default) does nothing, as the pool's own
+    /// calls are timed where they are made.
+    fn charge_pool_call(&self, call: PoolCall) {
+        let _ = call;
     }
     /// The CUDA device ordinal whose memory this device hands out; None for a device that is
     /// not a CUDA device (a simulated one).

@@ -81,7 +81,7 @@ pub struct LeakReport {
 struct State {
     /// Consumed bytes of every live driver allocation and tenant holding.
     used: u64,
-    /// Next address to hand out. Addresses are never reused, so none can overlap.
+    /// Next reservation starts here (going up). Addresses are never reused, so none overlap.
     cursor: u64,
     live: HashMap<DevicePtr, (u64, u64)>,
     stats: DeviceStats,
@@ -99,6 +99,12 @@ struct State {
     mapped_pages: std::collections::BTreeMap<DevicePtr, DevicePtr>,
     /// Mappings of each physical page: its memory goes back when the last one is unmapped.
     phys_refs: HashMap<DevicePtr, u32>,
+    /// Physical handles mapped at their first address: start -> bytes (a page, or more when
+    /// mapped by [`VirtualMemory::map_handles`]); unmapped whole only.
+    handles: std::collections::BTreeMap<DevicePtr, u64>,
+    /// Next driver allocation ends here: driver allocations go down from the top of the
+    /// address range, as cudaMalloc's addresses mostly do; reservations go up from it.
+    alloc_top: u64,
 }
 
 /// A simulated GPU. Thread-safe; every call takes one short lock.
@@ -187,6 +193,8 @@ impl SimDeviceBuilder {
                 reservations: std::collections::BTreeMap::new(),
                 mapped_pages: std::collections::BTreeMap::new(),
                 phys_refs: HashMap::new(),
+                handles: std::collections::BTreeMap::new(),
+                alloc_top: align_up(0x7f00_0000_0000, align),
             }),
             faults: self.faults,
             vmm: self.vmm,
@@ -304,11 +312,10 @@ impl SimDevice {
         Ok(())
     }
 
-    /// Counts a driver allocation attempt of `bytes` (consuming `consumed`) with its modelled
-    /// cost, and refuses it on an injected fault or when it does not fit.
+    /// Counts a driver allocation attempt of `bytes` (consuming `consumed`; the caller charges
+    /// its price), and refuses it on an injected fault or when it does not fit.
     fn admit(&self, s: &mut State, bytes: u64, consumed: u64) -> Result<(), DeviceError> {
         s.attempts += 1;
-        s.stats.driver_ns += self.cost.alloc_ns(bytes);
         if self.inject_fault(s) {
             s.stats.failed_allocs += 1;
             return Err(DeviceError::InjectedFault {
@@ -342,14 +349,16 @@ impl Device for SimDevice {
     fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let consumed = self.granularity.consumed(bytes.max(1));
         let mut s = self.state.lock();
+        s.stats.ops.alloc.charge(1, self.cost.alloc_ns(bytes));
         self.admit(&mut s, bytes, consumed)?;
         let align = if bytes >= self.granularity.large_threshold {
             self.granularity.large_granule.max(crate::size::ALIGNMENT)
         } else {
             crate::size::ALIGNMENT
         };
-        let ptr = align_up(s.cursor, align);
-        s.cursor = ptr + consumed;
+        // Below every earlier driver allocation (addresses are never reused, so none overlap).
+        let ptr = (s.alloc_top - consumed) / align * align;
+        s.alloc_top = ptr;
         s.used += consumed;
         s.live.insert(ptr, (bytes, consumed));
         s.stats.driver_allocs += 1;
@@ -365,14 +374,15 @@ impl Device for SimDevice {
         s.used -= consumed;
         s.stats.driver_frees += 1;
         s.stats.allocated_bytes -= bytes;
-        s.stats.driver_ns += self.cost.free_ns(bytes);
+        s.stats.ops.free.charge(1, self.cost.free.ns(bytes));
+        s.stats.ops.free_sync.charge(1, self.cost.free_sync_ns);
         Ok(())
     }
 
     fn mem_info(&self) -> Result<MemInfo, DeviceError> {
         let mut s = self.state.lock();
         s.stats.mem_info_calls += 1;
-        s.stats.driver_ns += self.cost.mem_info_ns;
+        s.stats.ops.mem_info.charge(1, self.cost.mem_info_ns);
         Ok(MemInfo {
             free: self.capacity - s.used,
             total: self.capacity,
@@ -388,7 +398,17 @@ impl Device for SimDevice {
     }
 
     fn stats(&self) -> DeviceStats {
-        self.state.lock().stats
+        let mut stats = self.state.lock().stats;
+        stats.driver_ns = stats.ops.total_ns();
+        stats
+    }
+
+    fn charge_pool_call(&self, call: super::PoolCall) {
+        let mut s = self.state.lock();
+        match call {
+            super::PoolCall::Alloc => s.stats.ops.async_alloc.charge(1, self.cost.async_alloc_ns),
+            super::PoolCall::Free => s.stats.ops.async_free.charge(1, self.cost.async_free_ns),
+        }
     }
 
     fn vmm(&self) -> Option<&dyn VirtualMemory> {
@@ -447,6 +467,7 @@ impl VirtualMemory for SimDevice {
     fn reserve(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let page = self.page_size();
         let mut s = self.state.lock();
+        s.stats.ops.reserve.charge(1, self.cost.vmm.reserve_ns);
         let ptr = align_up(s.cursor, page);
         s.cursor = ptr + round_up(bytes, page);
         s.reservations.insert(ptr, (round_up(bytes, page), 0));
@@ -458,35 +479,20 @@ impl VirtualMemory for SimDevice {
         match s.reservations.get(&ptr) {
             Some(&(_, 0)) => {
                 s.reservations.remove(&ptr);
+                s.stats.ops.unreserve.charge(1, self.cost.vmm.unreserve_ns);
                 Ok(())
             }
             _ => Err(DeviceError::UnknownPointer { ptr }),
         }
     }
 
+    /// As `CudaDevice` maps: a handle per page, each created, mapped and given access.
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        let mut s = self.state.lock();
-        let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
-            return Err(DeviceError::UnknownPointer { ptr });
-        };
-        let page = self.page_size();
-        if (ptr..ptr + bytes)
-            .step_by(page as usize)
-            .any(|p| s.mapped_pages.contains_key(&p))
-        {
-            // The driver refuses to map over a mapping.
-            return Err(DeviceError::UnknownPointer { ptr });
-        }
-        self.admit(&mut s, bytes, bytes)?;
-        for p in (ptr..ptr + bytes).step_by(page as usize) {
-            s.mapped_pages.insert(p, p);
-            s.phys_refs.insert(p, 1);
-        }
-        s.used += bytes;
-        s.reservations.get_mut(&base).expect("found above").1 += bytes;
-        s.stats.driver_allocs += 1;
-        s.stats.allocated_bytes += bytes;
-        Ok(())
+        self.map_new(ptr, bytes, self.page_size(), false)
+    }
+
+    fn map_handles(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+        self.map_new(ptr, bytes, handle, true)
     }
 
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
@@ -508,6 +514,11 @@ impl VirtualMemory for SimDevice {
             return Err(DeviceError::UnknownPointer { ptr });
         }
         self.admit(&mut s, bytes, 0)?;
+        // A retained handle per page (cuMemRetainAllocationHandle: no price of its own), each
+        // mapped and given access.
+        let n = bytes / page;
+        s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
+        s.stats.ops.set_access.charge(n, self.cost.vmm.set_access_ns);
         for o in pages {
             let phys = s.mapped_pages[&(src + o)];
             *s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page") += 1;
@@ -522,17 +533,63 @@ impl VirtualMemory for SimDevice {
         self.drop_mappings(ptr, bytes, true)
     }
 
-    /// Counted (no work runs on the simulated device, so nothing to wait for; the cost model
-    /// has no price for it yet).
+    /// Counted and charged (no work runs on the simulated device; the cost model prices the
+    /// wait a real one would make).
     fn quiesce(&self) -> Result<(), DeviceError> {
         self.quiesces.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut s = self.state.lock();
+        s.stats.ops.unmap_sync.charge(1, self.cost.vmm.unmap_sync_ns);
         Ok(())
     }
 }
 
 impl SimDevice {
-    /// Unmaps `ptr..ptr+bytes`, which must be inside a reservation: first mappings, or with
-    /// `alias` second ones. A physical page's memory goes back with its last mapping.
+    /// Backs `ptr..ptr+bytes` with new physical handles of `handle` bytes each (a page multiple
+    /// dividing `bytes`): each created and mapped, and given access one by one or, with
+    /// `one_grant`, once for the whole range.
+    fn map_new(&self, ptr: DevicePtr, bytes: u64, handle: u64, one_grant: bool) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        let page = self.page_size();
+        if bytes == 0
+            || ptr % page != 0
+            || handle == 0
+            || handle % page != 0
+            || bytes % handle != 0
+            || (ptr..ptr + bytes)
+                .step_by(page as usize)
+                .any(|p| s.mapped_pages.contains_key(&p))
+        {
+            // The driver refuses to map over a mapping, or off the granularity.
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        // Creating the first handle is where a real device runs out of memory.
+        s.stats.ops.create.charge(1, self.cost.vmm.create_ns.ns(handle));
+        self.admit(&mut s, bytes, bytes)?;
+        let n = bytes / handle;
+        s.stats.ops.create.charge(n - 1, self.cost.vmm.create_ns.ns(handle));
+        s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
+        let grants = if one_grant { 1 } else { n };
+        s.stats.ops.set_access.charge(grants, self.cost.vmm.set_access_ns);
+        for p in (ptr..ptr + bytes).step_by(page as usize) {
+            s.mapped_pages.insert(p, p);
+            s.phys_refs.insert(p, 1);
+        }
+        for h in (ptr..ptr + bytes).step_by(handle as usize) {
+            s.handles.insert(h, handle);
+        }
+        s.used += bytes;
+        s.reservations.get_mut(&base).expect("found above").1 += bytes;
+        s.stats.driver_allocs += 1;
+        s.stats.allocated_bytes += bytes;
+        Ok(())
+    }
+
+    /// Unmaps `ptr..ptr+bytes`, which must be inside a reservation: first mappings (whole
+    /// handles only, as cuMemUnmap takes them), or with `alias` second ones. A physical page's
+    /// memory goes back with its last mapping.
     fn drop_mappings(&self, ptr: DevicePtr, bytes: u64, alias: bool) -> Result<(), DeviceError> {
         let mut s = self.state.lock();
         let Some((base, _, mapped)) = Self::reservation_of(&s, ptr, bytes) else {
@@ -546,6 +603,26 @@ impl SimDevice {
         {
             return Err(DeviceError::UnknownPointer { ptr });
         }
+        let mappings = if alias {
+            bytes / page
+        } else {
+            let end = ptr + bytes;
+            let splits_one = s
+                .handles
+                .range(..ptr)
+                .next_back()
+                .is_some_and(|(&h, &len)| h + len > ptr)
+                || s.handles.range(ptr..end).any(|(&h, &len)| h + len > end);
+            if splits_one {
+                // cuMemUnmap takes whole mappings only.
+                return Err(DeviceError::UnknownPointer { ptr });
+            }
+            let starts: Vec<DevicePtr> = s.handles.range(ptr..end).map(|(&h, _)| h).collect();
+            for h in &starts {
+                s.handles.remove(h);
+            }
+            starts.len() as u64
+        };
         let mut freed = 0;
         for p in (ptr..ptr + bytes).step_by(page as usize) {
             let phys = s.mapped_pages.remove(&p).expect("checked above");
@@ -560,7 +637,8 @@ impl SimDevice {
         s.reservations.get_mut(&base).expect("found above").1 -= bytes;
         s.stats.driver_frees += 1;
         s.stats.allocated_bytes -= freed;
-        s.stats.driver_ns += self.cost.free_ns(bytes);
+        s.stats.ops.unmap.charge(mappings, self.cost.vmm.unmap_ns);
+        s.stats.ops.release.charge(mappings, self.cost.vmm.release_ns);
         Ok(())
     }
 }

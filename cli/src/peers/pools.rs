@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use super::{PeerCounts, PeerModel, PeerTarget};
-use adaptalloc::device::{Device, DevicePtr};
+use adaptalloc::device::{Device, DevicePtr, PoolCall};
 use adaptalloc::size::{ALIGNMENT, MIB, align_up};
 use adaptalloc::strategy::StreamId;
 
@@ -64,6 +64,9 @@ impl Held {
 
 /// One pool's rules, over the memory it [`Held`].
 pub trait PoolModel: Send {
+    /// Whether every alloc and free is a driver call (cudaMallocAsync / cudaFreeAsync, priced by
+    /// the device's cost model) rather than host code alone.
+    const DRIVER_CALLS: bool = false;
     fn alloc(&mut self, h: &mut Held, bytes: u64) -> Option<DevicePtr>;
     fn free(&mut self, ptr: DevicePtr, bytes: u64);
     /// A synchronization point (stream or device synchronize).
@@ -86,11 +89,18 @@ pub fn peer<M: PoolModel>(dev: Arc<dyn Device>, model: M) -> PeerTarget<Pooled<M
 
 impl<M: PoolModel> PeerModel for Pooled<M> {
     fn alloc(&mut self, bytes: u64, _stream: StreamId) -> Option<DevicePtr> {
-        self.model.alloc(&mut self.held, bytes)
+        let p = self.model.alloc(&mut self.held, bytes)?;
+        if M::DRIVER_CALLS {
+            self.held.dev.charge_pool_call(PoolCall::Alloc);
+        }
+        Some(p)
     }
 
     fn free(&mut self, ptr: DevicePtr, bytes: u64) {
         self.model.free(ptr, bytes);
+        if M::DRIVER_CALLS {
+            self.held.dev.charge_pool_call(PoolCall::Free);
+        }
     }
 
     fn synchronize(&mut self) {
@@ -261,6 +271,8 @@ impl CudaAsyncPool {
 }
 
 impl PoolModel for CudaAsyncPool {
+    const DRIVER_CALLS: bool = true;
+
     fn alloc(&mut self, h: &mut Held, bytes: u64) -> Option<DevicePtr> {
         let bytes = aligned(bytes);
         if let Some(p) = self.list.take(bytes) {

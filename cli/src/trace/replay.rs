@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{Op, Trace};
 use adaptalloc::allocator::Allocator;
-use adaptalloc::device::{Device, DevicePtr};
+use adaptalloc::device::{Device, DevicePtr, DriverOps};
 use adaptalloc::strategy::StreamId;
 
 /// An allocator that a replay can drive: adaptalloc's [`Allocator`], or a peer allocator over
@@ -90,6 +90,8 @@ pub struct ReplayMetrics {
     pub driver_frees: u64,
     /// Time in the driver: modelled on SimDevice, measured on a GPU.
     pub modeled_driver_ns: u64,
+    /// The same by kind of driver operation.
+    pub driver_ops: DriverOps,
     pub peak_live_bytes: u64,
     pub peak_reserved_bytes: u64,
     /// Out-of-memory errors recovered by releasing idle memory.
@@ -181,7 +183,9 @@ pub fn replay_with<T: ReplayTarget + ?Sized>(
     m.driver_allocs = after.driver_allocs - before.driver_allocs;
     m.driver_frees = after.driver_frees - before.driver_frees;
     m.oom_recoveries = after.oom_recoveries - before.oom_recoveries;
-    m.modeled_driver_ns = alloc.device().stats().driver_ns - device_before.driver_ns;
+    let device_after = alloc.device().stats();
+    m.modeled_driver_ns = device_after.driver_ns - device_before.driver_ns;
+    m.driver_ops = device_after.ops.since(&device_before.ops);
     m.peak_live_bytes = after.peak_live_bytes;
     m.peak_reserved_bytes = after.peak_reserved_bytes;
     m

@@ -73,6 +73,7 @@ fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
     let mut alloc_pts = Vec::new();
     let mut free_pts = Vec::new();
     let mut pool_rows = String::new();
+    let (mut all_pa, mut all_pf) = (Vec::new(), Vec::new());
     let mut size = 512u64;
     while size <= 4 << 30 {
         if size > free / 10 * 9 {
@@ -105,6 +106,8 @@ fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
             pf.push(pool.free_async(p)?);
             pool.synchronize()?;
         }
+        all_pa.extend_from_slice(&pa);
+        all_pf.extend_from_slice(&pf);
         let (ma, mf) = (median(a), median(f));
         eprintln!("calibrate: {}: cuMemAlloc {ma} ns, cuMemFree {mf} ns", ByteSize(size));
         alloc_pts.push(format!("    [{size}, {ma}],  # {}", ByteSize(size)));
@@ -124,29 +127,94 @@ fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
         cuda.mem_info()?;
         info.push(t.elapsed().as_nanos() as u64);
     }
+    let vmm = calibrate_vmm(cuda, quick)?;
     let date = std::process::Command::new("date")
         .arg("+%Y-%m-%d")
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
+    let default = CostModel::default();
     Ok(format!(
         "# Measured by scripts/gpu-bench.sh (adaptalloc gpu-bench) on {name}, {date}: medians of\n\
-         # cuMemAlloc and cuMemFree on an idle device (no queued work).\n\
-         description = \"{name}, measured {date} (cuMemAlloc/cuMemFree medians, idle device)\"\n\n\
+         # each driver call on an idle device (no queued work). The schema and the meaning of each\n\
+         # key are in tuning/cost-models/default.toml.\n\
+         description = \"{name}, measured {date} (medians, idle device)\"\n\n\
          # Kept from the default model: the wait for queued work that cuMemFree's synchronization\n\
          # adds depends on the workload (this device was idle, so it was not measured).\n\
          free_sync_ns = {sync}\n\n\
          # cuMemGetInfo, median of 100 calls.\n\
          mem_info_ns = {info}\n\n\
+         # cuMemAllocAsync / cuMemFreeAsync on the default pool (release threshold at its maximum),\n\
+         # pool hits, medians over every size below.\n\
+         async_alloc_ns = {async_alloc}\n\
+         async_free_ns = {async_free}\n\n\
          [alloc]\npoints = [\n{alloc}\n]\n\n[free]\npoints = [\n{free}\n]\n\n\
-         # The stream-ordered pool (cuMemAllocAsync / cuMemFreeAsync on the default pool, release\n\
-         # threshold at its maximum, pool hits), ns, for comparison:\n\
+         {vmm}\n\
+         # The stream-ordered pool by size, ns:\n\
          #         size     alloc      free\n{pool_rows}",
         name = cuda.name(),
-        sync = CostModel::default().free_sync_ns,
+        sync = default.free_sync_ns,
         info = median(info),
+        async_alloc = median(all_pa),
+        async_free = median(all_pf),
         alloc = alloc_pts.join("\n"),
         free = free_pts.join("\n"),
+    ))
+}
+
+/// The `[vmm]` table: every virtual-memory call timed on 2 MiB handles and on 20 MiB ones
+/// (PyTorch's two page sizes), or the default's prices, said so, where the device has none.
+fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
+    let default = CostModel::default().vmm;
+    let Some(page) = cuda.vmm_page_size() else {
+        eprintln!("calibrate: no virtual memory management on this device; [vmm] keeps the default's prices");
+        let create = default.create_ns.ns(2 << 20);
+        return Ok(format!(
+            "# Not measured: this device has no virtual memory management (or ADAPTALLOC_CUDA_VMM=0);\n\
+             # the default model's prices.\n\
+             [vmm]\nreserve_ns = {}\nunreserve_ns = {}\ncreate_ns = {create}\nmap_ns = {}\nset_access_ns = {}\n\
+             unmap_ns = {}\nrelease_ns = {}\nunmap_sync_ns = {}\n",
+            default.reserve_ns,
+            default.unreserve_ns,
+            default.map_ns,
+            default.set_access_ns,
+            default.unmap_ns,
+            default.release_ns,
+            default.unmap_sync_ns
+        ));
+    };
+    let (n_small, n_large) = if quick { (4, 2) } else { (64, 16) };
+    let small = cuda.time_vmm_calls(page, n_small).context("timing 2 MiB handles")?;
+    let large_handle = page * 10;
+    let large = cuda
+        .time_vmm_calls(large_handle, n_large)
+        .context("timing 20 MiB handles")?;
+    eprintln!("calibrate: vmm, {}: {small:?}", ByteSize(page));
+    eprintln!("calibrate: vmm, {}: {large:?}", ByteSize(large_handle));
+    Ok(format!(
+        "# Virtual memory: medians over {n_small} handles of {ps} and {n_large} of {ls} (map, set\n\
+         # access, unmap and release of a {ls} handle: {lm}, {la}, {lu}, {lr} ns). cuCtxSynchronize on\n\
+         # the idle device took {sync} ns; unmap_sync_ns keeps the default's, as free_sync_ns.\n\
+         [vmm]\nreserve_ns = {reserve}\nunreserve_ns = {unreserve}\n\
+         create_ns = {{ points = [[{page}, {cs}], [{large_handle}, {cl}]] }}\n\
+         map_ns = {map}\nset_access_ns = {access}\nunmap_ns = {unmap}\nrelease_ns = {release}\n\
+         unmap_sync_ns = {usync}\n",
+        ps = ByteSize(page),
+        ls = ByteSize(large_handle),
+        lm = large.map_ns,
+        la = large.set_access_ns,
+        lu = large.unmap_ns,
+        lr = large.release_ns,
+        sync = small.sync_ns,
+        reserve = small.reserve_ns,
+        unreserve = small.unreserve_ns,
+        cs = small.create_ns,
+        cl = large.create_ns,
+        map = small.map_ns,
+        access = small.set_access_ns,
+        unmap = small.unmap_ns,
+        release = small.release_ns,
+        usync = default.unmap_sync_ns,
     ))
 }
 

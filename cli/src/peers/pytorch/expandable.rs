@@ -67,26 +67,17 @@ impl Model {
     }
 
     /// `map_block`: maps the pages under the first `size` bytes of the unmapped block `addr`
-    /// (one create + map + set-access per page), merges with free neighbours and returns the
-    /// resulting free block; None when the device refused a page (the pages mapped for this
-    /// call go back).
+    /// (`mapAndSetAccess`: a create and a map per page, one access grant for the range), merges
+    /// with free neighbours and returns the resulting free block; None when the device refused
+    /// (nothing stays mapped).
     fn map_block<D: Driver>(&mut self, d: &mut D, addr: u64, size: u64) -> Option<u64> {
         let b = self.blocks[&addr].clone();
         let page = self.segments[&b.seg].page.expect("expandable");
         let bytes = size.div_ceil(page) * page;
-        let mut done = 0;
-        while done < bytes {
-            if !d.map(addr + done, page) {
-                let mut undo = 0;
-                while undo < done {
-                    d.unmap(addr + undo, page);
-                    undo += page;
-                }
-                return None;
-            }
-            self.stats.page_maps += 1;
-            done += page;
+        if !d.map(addr, bytes, page) {
+            return None;
         }
+        self.stats.page_maps += bytes / page;
         self.unmapped[b.pool].remove(&(b.stream, addr));
         if bytes < b.size {
             self.blocks.insert(
@@ -122,12 +113,8 @@ impl Model {
             return addr;
         }
         self.remove_free(addr);
-        let mut p = first;
-        while p < end {
-            d.unmap(p, page);
-            self.stats.page_unmaps += 1;
-            p += page;
-        }
+        d.unmap(first, end - first);
+        self.stats.page_unmaps += (end - first) / page;
         self.stats.reserved.sub(end - first);
         self.blocks.remove(&addr);
         if first > addr {

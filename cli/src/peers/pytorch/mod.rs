@@ -50,12 +50,14 @@ impl Driver for DeviceDriver {
         self.dev.vmm()?.reserve(bytes).ok()
     }
 
-    fn map(&mut self, ptr: u64, bytes: u64) -> bool {
-        self.dev.vmm().is_some_and(|v| v.map(ptr, bytes).is_ok())
+    fn map(&mut self, ptr: u64, bytes: u64, handle: u64) -> bool {
+        self.dev
+            .vmm()
+            .is_some_and(|v| v.map_handles(ptr, bytes, handle).is_ok())
     }
 
     fn unmap(&mut self, ptr: u64, bytes: u64) {
-        if let Some(Err(e)) = self.dev.vmm().map(|v| v.unmap(ptr, bytes)) {
+        if let Some(Err(e)) = self.dev.vmm().map(|v| v.quiesce().and_then(|()| v.unmap(ptr, bytes))) {
             tracing::error!(ptr, error = %e, "pytorch peer: unmap failed");
         }
     }

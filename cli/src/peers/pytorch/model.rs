@@ -29,11 +29,13 @@ pub trait Driver {
     fn reserve(&mut self, _bytes: u64) -> Option<u64> {
         None
     }
-    /// cuMemCreate + cuMemMap + cuMemSetAccess of one page at `ptr`; false when refused.
-    fn map(&mut self, _ptr: u64, _bytes: u64) -> bool {
+    /// `mapAndSetAccess`: a cuMemCreate and a cuMemMap per handle of `handle` bytes in
+    /// `ptr..ptr+bytes`, then one cuMemSetAccess for the range; false when refused (nothing
+    /// stays mapped).
+    fn map(&mut self, _ptr: u64, _bytes: u64, _handle: u64) -> bool {
         false
     }
-    /// cuMemUnmap + cuMemRelease of one page at `ptr`.
+    /// `unmapHandles`: cudaStreamSynchronize, then cuMemUnmap + cuMemRelease per handle.
     fn unmap(&mut self, _ptr: u64, _bytes: u64) {}
     /// cuMemAddressFree of a reservation.
     fn unreserve(&mut self, _ptr: u64) {}

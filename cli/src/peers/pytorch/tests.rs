@@ -14,7 +14,9 @@ struct TestDriver {
     frees: Vec<u64>,
     live: std::collections::HashMap<u64, u64>,
     next_reserve: u64,
+    /// Mapped handles (page counts in the tests): start -> bytes.
     mapped: u64,
+    handles: std::collections::BTreeMap<u64, u64>,
 }
 
 impl TestDriver {
@@ -28,6 +30,7 @@ impl TestDriver {
             live: Default::default(),
             next_reserve: 1 << 44,
             mapped: 0,
+            handles: Default::default(),
         }
     }
 }
@@ -56,17 +59,26 @@ impl Driver for TestDriver {
         self.next_reserve += bytes;
         Some(p)
     }
-    fn map(&mut self, _ptr: u64, bytes: u64) -> bool {
+    fn map(&mut self, ptr: u64, bytes: u64, handle: u64) -> bool {
+        assert_eq!(bytes % handle, 0, "whole handles");
         if self.used + bytes > self.cap {
             return false;
         }
         self.used += bytes;
-        self.mapped += 1;
+        for h in (ptr..ptr + bytes).step_by(handle as usize) {
+            self.handles.insert(h, handle);
+        }
+        self.mapped = self.handles.len() as u64;
         true
     }
-    fn unmap(&mut self, _ptr: u64, bytes: u64) {
+    fn unmap(&mut self, ptr: u64, bytes: u64) {
+        let inside: Vec<(u64, u64)> = self.handles.range(ptr..ptr + bytes).map(|(&h, &l)| (h, l)).collect();
+        assert_eq!(inside.iter().map(|h| h.1).sum::<u64>(), bytes, "unmaps whole handles");
+        for (h, _) in inside {
+            self.handles.remove(&h);
+        }
         self.used -= bytes;
-        self.mapped -= 1;
+        self.mapped = self.handles.len() as u64;
     }
 }
 

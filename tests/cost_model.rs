@@ -1,0 +1,136 @@
+//! SimDevice charges every driver operation at its price in the cost model, by kind: what
+//! `CudaDevice` would call for the same request.
+
+use adaptalloc::device::{CostModel, Device, PoolCall, SimDevice};
+use adaptalloc::size::{GIB, MIB};
+
+fn device(capacity: u64) -> SimDevice {
+    SimDevice::builder().capacity(capacity).build()
+}
+
+#[test]
+fn mapping_pages_charges_a_create_a_map_and_an_access_grant_per_page() {
+    let dev = device(GIB);
+    let m = CostModel::default();
+    let vmm = dev.vmm().unwrap();
+    let base = vmm.reserve(8 * MIB).unwrap();
+    vmm.map(base, 6 * MIB).unwrap();
+    let s = dev.stats();
+    assert_eq!(s.ops.reserve.calls, 1);
+    assert_eq!((s.ops.create.calls, s.ops.map.calls, s.ops.set_access.calls), (3, 3, 3));
+    assert_eq!(s.ops.create.ns, 3 * m.vmm.create_ns.ns(2 * MIB));
+    assert_eq!(s.ops.set_access.ns, 3 * m.vmm.set_access_ns);
+    vmm.quiesce().unwrap();
+    vmm.unmap(base, 6 * MIB).unwrap();
+    vmm.unreserve(base).unwrap();
+    let s = dev.stats();
+    assert_eq!((s.ops.unmap.calls, s.ops.release.calls), (3, 3));
+    assert_eq!(s.ops.unmap_sync.calls, 1);
+    assert_eq!(s.ops.unreserve.calls, 1);
+    assert_eq!(s.driver_ns, s.ops.total_ns(), "the total is the sum of the kinds");
+    assert_eq!(
+        s.driver_ns,
+        m.vmm.reserve_ns
+            + m.map_handles_ns(3, 2 * MIB)
+            + m.vmm.unmap_sync_ns
+            + m.unmap_handles_ns(3)
+            + m.vmm.unreserve_ns
+    );
+}
+
+#[test]
+fn large_handles_map_cheaper_and_unmap_only_whole() {
+    let dev = device(GIB);
+    let vmm = dev.vmm().unwrap();
+    let base = vmm.reserve(40 * MIB).unwrap();
+    vmm.map_handles(base, 40 * MIB, 20 * MIB).unwrap();
+    let s = dev.stats();
+    assert_eq!((s.ops.create.calls, s.ops.map.calls), (2, 2));
+    assert_eq!(s.ops.set_access.calls, 1, "one grant for the range");
+    // Part of a handle cannot be unmapped; nothing changes.
+    assert!(vmm.unmap(base, 2 * MIB).is_err());
+    assert!(vmm.unmap(base + 10 * MIB, 20 * MIB).is_err());
+    assert_eq!(dev.used_bytes(), 40 * MIB);
+    vmm.unmap(base + 20 * MIB, 20 * MIB).unwrap();
+    assert_eq!(dev.used_bytes(), 20 * MIB);
+    vmm.unmap(base, 20 * MIB).unwrap();
+    assert_eq!(dev.stats().ops.unmap.calls, 2);
+    vmm.unreserve(base).unwrap();
+    assert_eq!(dev.leak_report().blocks, 0);
+    // Off the granule is refused.
+    let b = vmm.reserve(8 * MIB).unwrap();
+    assert!(vmm.map_handles(b, 6 * MIB, 4 * MIB).is_err());
+    assert!(vmm.map_handles(b, 6 * MIB, 3 * MIB).is_err());
+}
+
+#[test]
+fn a_refused_map_charges_one_create_and_changes_nothing() {
+    let dev = device(4 * MIB);
+    let vmm = dev.vmm().unwrap();
+    let base = vmm.reserve(8 * MIB).unwrap();
+    assert!(vmm.map(base, 8 * MIB).unwrap_err().is_out_of_memory());
+    let s = dev.stats();
+    assert_eq!((s.ops.create.calls, s.ops.map.calls, s.failed_allocs), (1, 0, 1));
+    assert_eq!(dev.used_bytes(), 0);
+    vmm.map(base, 4 * MIB).unwrap();
+    vmm.unmap(base, 4 * MIB).unwrap();
+    vmm.unreserve(base).unwrap();
+}
+
+#[test]
+fn driver_allocations_go_down_the_address_range_and_frees_pay_their_synchronization() {
+    let dev = device(GIB);
+    let m = CostModel::default();
+    let ptrs: Vec<u64> = [MIB, 4096, 3 * MIB, 512]
+        .iter()
+        .map(|&b| dev.allocate(b).unwrap())
+        .collect();
+    assert!(ptrs.windows(2).all(|w| w[1] < w[0]), "{ptrs:x?}");
+    let r = dev.vmm().unwrap().reserve(4 * MIB).unwrap();
+    assert!(
+        ptrs.iter().all(|&p| p < r),
+        "reservations lie apart from driver allocations"
+    );
+    for p in ptrs {
+        dev.free(p).unwrap();
+    }
+    dev.vmm().unwrap().unreserve(r).unwrap();
+    let s = dev.stats();
+    assert_eq!((s.ops.alloc.calls, s.ops.free.calls, s.ops.free_sync.calls), (4, 4, 4));
+    assert_eq!(s.ops.free_sync.ns, 4 * m.free_sync_ns);
+    assert_eq!(
+        s.ops.alloc.ns,
+        [MIB, 4096, 3 * MIB, 512].iter().map(|&b| m.alloc_ns(b)).sum::<u64>()
+    );
+}
+
+#[test]
+fn pool_calls_and_mem_info_are_priced() {
+    let dev = device(GIB);
+    let m = CostModel::default();
+    dev.charge_pool_call(PoolCall::Alloc);
+    dev.charge_pool_call(PoolCall::Alloc);
+    dev.charge_pool_call(PoolCall::Free);
+    dev.mem_info().unwrap();
+    let s = dev.stats();
+    assert_eq!(s.ops.async_alloc.ns, 2 * m.async_alloc_ns);
+    assert_eq!(s.ops.async_free.ns, m.async_free_ns);
+    assert_eq!(s.ops.mem_info.ns, m.mem_info_ns);
+    assert_eq!(s.driver_ns, 2 * m.async_alloc_ns + m.async_free_ns + m.mem_info_ns);
+}
+
+#[test]
+fn the_bundled_models_parse_and_the_fast_one_differs_only_in_vmm_prices() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let fast = CostModel::from_file(&std::path::Path::new(root).join("tuning/cost-models/vmm-fast.toml")).unwrap();
+    let def = CostModel::default();
+    assert!(fast.vmm.create_ns.ns(2 * MIB) * 10 < def.vmm.create_ns.ns(2 * MIB));
+    assert_eq!(
+        (fast.alloc.clone(), fast.free.clone()),
+        (def.alloc.clone(), def.free.clone())
+    );
+    assert_eq!(
+        (fast.mem_info_ns, fast.free_sync_ns),
+        (def.mem_info_ns, def.free_sync_ns)
+    );
+}
