@@ -124,6 +124,22 @@ fn child() {
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
     vmm.unreserve(a).unwrap();
     vmm.unreserve(b).unwrap();
+    // Larger handles (8 MiB here): mapped with one access grant for the run (the stub, as the
+    // driver, accepts a grant over whole mappings only), unmapped whole, several at once.
+    let h = vmm.reserve(16 * PAGE).unwrap();
+    vmm.map_handles(h, 16 * PAGE, 4 * PAGE).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY - 16 * PAGE);
+    assert!(vmm.map_handles(h, 4 * PAGE, 3 * PAGE).is_err(), "off the granule");
+    vmm.unmap(h + 4 * PAGE, 8 * PAGE).unwrap();
+    assert_eq!(
+        dev.mem_info().unwrap().free,
+        CAPACITY - 8 * PAGE,
+        "two handles went back"
+    );
+    vmm.unmap(h, 4 * PAGE).unwrap();
+    vmm.unmap(h + 12 * PAGE, 4 * PAGE).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
+    vmm.unreserve(h).unwrap();
     // The default policy uses page-backed slabs there: pages freed inside a slab that still
     // holds live blocks go back to the driver.
     let dev: Arc<dyn Device> = Arc::new(dev);

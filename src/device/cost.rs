@@ -95,8 +95,9 @@ fn flat_or_curve<'de, D: serde::Deserializer<'de>>(d: D) -> Result<CostCurve, D:
 }
 
 /// Prices of CUDA's virtual-memory calls, ns per call. `CudaDevice` backs a mapping with one
-/// physical handle per page (2 MiB), so mapping `n` pages costs `n` creates, maps and
-/// set-accesses, and unmapping them `n` unmaps and releases, after one synchronization.
+/// physical handle per page (2 MiB; larger where asked), so mapping `n` handles costs `n`
+/// creates and maps and one access grant for the run, and unmapping them `n` unmaps and
+/// releases, after one synchronization.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct VmmCosts {
@@ -199,10 +200,10 @@ impl CostModel {
         self.free.ns(bytes) + self.free_sync_ns
     }
 
-    /// Mapping `handles` new physical handles of `handle` bytes each: create, map and set
-    /// access per handle.
+    /// Mapping `handles` new physical handles of `handle` bytes each in one run: a create and
+    /// a map per handle, one access grant.
     pub fn map_handles_ns(&self, handles: u64, handle: u64) -> u64 {
-        handles * (self.vmm.create_ns.ns(handle) + self.vmm.map_ns + self.vmm.set_access_ns)
+        handles * (self.vmm.create_ns.ns(handle) + self.vmm.map_ns) + self.vmm.set_access_ns
     }
 
     /// Unmapping `mappings` mappings: unmap and release per mapping (the synchronization
@@ -243,6 +244,7 @@ mod tests {
         let m = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{REST}"), "x.toml").unwrap();
         assert_eq!(m.vmm.create_ns.ns(2 * MIB), 5);
         assert_eq!(m.map_handles_ns(3, 2 * MIB), 3 * 6);
+        assert_eq!(m.vmm.set_access_ns, 0);
         let curve = REST.replace(
             "create_ns = 5",
             "create_ns = { points = [[\"2MiB\", 10], [\"32MiB\", 50]] }",

@@ -24,6 +24,8 @@ pub struct CudaDevice {
     /// The VMM mapping granule when the device supports virtual memory management.
     pub(super) vmm_page: Option<u64>,
     pub(super) reservations: Mutex<super::cuda_vmm::Reservations>,
+    /// Mappings of handles larger than a page (address -> size), made by `map_handles`.
+    pub(super) mappings: Mutex<std::collections::BTreeMap<DevicePtr, u64>>,
 }
 
 // SAFETY: a CUcontext handle may be used from any thread once made current there; every call
@@ -99,6 +101,7 @@ impl CudaDevice {
             sizes: Mutex::new(std::collections::HashMap::new()),
             vmm_page: super::cuda_vmm::probe(device, ordinal),
             reservations: Mutex::new(Default::default()),
+            mappings: Mutex::new(Default::default()),
         })
     }
 

@@ -3,8 +3,10 @@
 //! GPU, so free pages inside slabs that hold live blocks can go back to the device.
 //!
 //! Each page is its own physical allocation (cuMemCreate of one granule), because cuMemUnmap
-//! only unmaps whole mappings and the suballocator maps and unmaps page runs independently. The
-//! handle is released right after mapping: the mapping keeps the memory until it is unmapped.
+//! only unmaps whole mappings and the suballocator maps and unmaps page runs independently;
+//! `map_handles` maps larger handles where the caller unmaps only whole ones (their sizes are
+//! kept for the unmap). Access is granted once per mapped run. The handle is released right
+//! after mapping: the mapping keeps the memory until it is unmapped.
 //! A page can be mapped a second time (`map_alias`: cuMemRetainAllocationHandle on its first
 //! address, then cuMemMap); its memory goes back with its last mapping.
 //! Enabled when the device reports VMM support; `ADAPTALLOC_CUDA_VMM=0` turns it off.
@@ -69,19 +71,20 @@ impl CudaDevice {
         self.vmm_page.unwrap_or(2 << 20)
     }
 
-    /// Maps one page at `va`, backed by `source`: a new page, or (Some) the page mapped at that
-    /// address, mapped a second time. On failure nothing new stays mapped or allocated.
-    fn map_page(&self, va: DevicePtr, source: Option<DevicePtr>) -> Result<(), DeviceError> {
-        let page = self.page();
+    /// Maps one handle of `size` bytes at `va`, backed by `source`: a new handle, or (Some) the
+    /// page mapped at that address, mapped a second time (`size` is then one page). Grants no
+    /// access (the caller grants it for the whole run). On failure nothing new stays mapped or
+    /// allocated.
+    fn map_one(&self, va: DevicePtr, size: u64, source: Option<DevicePtr>) -> Result<(), DeviceError> {
         let prop = allocation_prop(self.ordinal());
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         match source {
             None => {
                 // SAFETY: `handle` and `prop` are live locals; the context is current (checked
                 // by the callers).
-                let r = unsafe { sys::cuMemCreate(&mut handle, page as usize, &prop, 0) };
+                let r = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
                 if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                    return Err(self.out_of_memory(page));
+                    return Err(self.out_of_memory(size));
                 }
                 check("cuMemCreate", r)?;
             }
@@ -93,45 +96,52 @@ impl CudaDevice {
                 })?;
             }
         }
-        // SAFETY: `va` is a page-aligned, unmapped address inside one of our reservations (the
-        // caller's contract) and `handle` an allocation of one page that we hold a reference to.
-        let mapped = check("cuMemMap", unsafe { sys::cuMemMap(va, page as usize, 0, handle, 0) });
+        // SAFETY: `va` is a granule-aligned, unmapped address inside one of our reservations
+        // (the caller's contract) and `handle` an allocation of `size` bytes that we hold a
+        // reference to, mapped whole from offset 0.
+        let mapped = check("cuMemMap", unsafe { sys::cuMemMap(va, size as usize, 0, handle, 0) });
         // SAFETY: the reference is ours; once mapped, the mappings keep the memory alive, and
-        // when mapping a new page failed this frees it.
+        // when mapping a new handle failed this frees it.
         let released = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) });
         mapped?;
-        released?;
-        let desc = sys::CUmemAccessDesc {
-            location: prop.location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: `va..va+page` was just mapped; `desc` is one live descriptor.
-        if let Err(e) = check("cuMemSetAccess", unsafe {
-            sys::cuMemSetAccess(va, page as usize, &desc, 1)
-        }) {
-            // SAFETY: removes the mapping made above (a new page's memory goes with it; a page
-            // mapped a second time keeps its first mapping).
-            let _ = unsafe { sys::cuMemUnmap(va, page as usize) };
+        if let Err(e) = released {
+            // SAFETY: removes the mapping made just above.
+            let _ = unsafe { sys::cuMemUnmap(va, size as usize) };
             return Err(e);
         }
         Ok(())
     }
 
-    /// Maps every page of `ptr..ptr+bytes` (from `src` on, a page at a time, when Some);
+    /// Maps `ptr..ptr+bytes` with handles of `handle` bytes each (from `src` on, a page at a
+    /// time, when Some), then grants access to the whole run in one cuMemSetAccess (as
+    /// PyTorch's expandable segments do: the grant costs tens of microseconds per call);
     /// failure changes nothing. One driver allocation in the stats, and `bytes` more allocated
-    /// when the pages are new.
-    fn map_range(&self, ptr: DevicePtr, src: Option<DevicePtr>, bytes: u64) -> Result<(), DeviceError> {
+    /// when the handles are new.
+    fn map_range(&self, ptr: DevicePtr, src: Option<DevicePtr>, bytes: u64, handle: u64) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
-        let page = self.page();
         let start = Instant::now();
         let mut done = 0;
         let mut result = Ok(());
         while done < bytes {
-            if let Err(e) = self.map_page(ptr + done, src.map(|s| s + done)) {
+            if let Err(e) = self.map_one(ptr + done, handle, src.map(|s| s + done)) {
                 result = Err(e);
                 break;
             }
-            done += page;
+            if handle != self.page() {
+                self.mappings.lock().insert(ptr + done, handle);
+            }
+            done += handle;
+        }
+        if result.is_ok() {
+            let desc = sys::CUmemAccessDesc {
+                location: allocation_prop(self.ordinal()).location,
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // SAFETY: every handle of `ptr..ptr+bytes` was just mapped; `desc` is one live
+            // descriptor.
+            result = check("cuMemSetAccess", unsafe {
+                sys::cuMemSetAccess(ptr, bytes as usize, &desc, 1)
+            });
         }
         if result.is_err() {
             // Failure changes nothing: unmap what this call mapped.
@@ -168,14 +178,19 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
-    /// Unmaps the pages of `ptr..ptr+bytes`, each its own mapping (cuMemUnmap only unmaps whole
-    /// mappings); all are tried, the first error is returned.
+    /// Unmaps the mappings of `ptr..ptr+bytes`, each whole (cuMemUnmap only unmaps whole
+    /// mappings): a page each, or a larger handle where `map_handles` mapped one. All are
+    /// tried, the first error is returned.
     fn unmap_pages(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let mut result = Ok(());
-        for va in (ptr..ptr + bytes).step_by(self.page() as usize) {
-            // SAFETY: every page of the range was mapped by `map_page` (the callers' contract).
-            let r = check("cuMemUnmap", unsafe { sys::cuMemUnmap(va, self.page() as usize) });
+        let mut va = ptr;
+        while va < ptr + bytes {
+            let size = self.mappings.lock().remove(&va).unwrap_or(self.page());
+            // SAFETY: every mapping of the range was made by `map_one` (the callers' contract),
+            // `size` bytes at `va`.
+            let r = check("cuMemUnmap", unsafe { sys::cuMemUnmap(va, size as usize) });
             result = result.and(r);
+            va += size;
         }
         result
     }
@@ -210,7 +225,15 @@ impl VirtualMemory for CudaDevice {
     }
 
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.map_range(ptr, None, bytes)
+        self.map_range(ptr, None, bytes, self.page())
+    }
+
+    fn map_handles(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+        let page = self.page();
+        if handle == 0 || handle % page != 0 || bytes % handle != 0 {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        self.map_range(ptr, None, bytes, handle)
     }
 
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
@@ -218,7 +241,7 @@ impl VirtualMemory for CudaDevice {
     }
 
     fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.map_range(ptr, Some(src), bytes)
+        self.map_range(ptr, Some(src), bytes, self.page())
     }
 
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {

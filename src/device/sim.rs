@@ -486,13 +486,14 @@ impl VirtualMemory for SimDevice {
         }
     }
 
-    /// As `CudaDevice` maps: a handle per page, each created, mapped and given access.
+    /// As `CudaDevice` maps: a handle per page, each created and mapped, and one access
+    /// grant for the run.
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.map_new(ptr, bytes, self.page_size(), false)
+        self.map_new(ptr, bytes, self.page_size())
     }
 
     fn map_handles(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
-        self.map_new(ptr, bytes, handle, true)
+        self.map_new(ptr, bytes, handle)
     }
 
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
@@ -515,10 +516,10 @@ impl VirtualMemory for SimDevice {
         }
         self.admit(&mut s, bytes, 0)?;
         // A retained handle per page (cuMemRetainAllocationHandle: no price of its own), each
-        // mapped and given access.
+        // mapped, and one access grant for the run.
         let n = bytes / page;
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
-        s.stats.ops.set_access.charge(n, self.cost.vmm.set_access_ns);
+        s.stats.ops.set_access.charge(1, self.cost.vmm.set_access_ns);
         for o in pages {
             let phys = s.mapped_pages[&(src + o)];
             *s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page") += 1;
@@ -545,9 +546,8 @@ impl VirtualMemory for SimDevice {
 
 impl SimDevice {
     /// Backs `ptr..ptr+bytes` with new physical handles of `handle` bytes each (a page multiple
-    /// dividing `bytes`): each created and mapped, and given access one by one or, with
-    /// `one_grant`, once for the whole range.
-    fn map_new(&self, ptr: DevicePtr, bytes: u64, handle: u64, one_grant: bool) -> Result<(), DeviceError> {
+    /// dividing `bytes`): each created and mapped, and access granted once for the range.
+    fn map_new(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
         let mut s = self.state.lock();
         let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
             return Err(DeviceError::UnknownPointer { ptr });
@@ -571,8 +571,7 @@ impl SimDevice {
         let n = bytes / handle;
         s.stats.ops.create.charge(n - 1, self.cost.vmm.create_ns.ns(handle));
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
-        let grants = if one_grant { 1 } else { n };
-        s.stats.ops.set_access.charge(grants, self.cost.vmm.set_access_ns);
+        s.stats.ops.set_access.charge(1, self.cost.vmm.set_access_ns);
         for p in (ptr..ptr + bytes).step_by(page as usize) {
             s.mapped_pages.insert(p, p);
             s.phys_refs.insert(p, 1);

@@ -241,10 +241,17 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     settle((int)h);
     return SUCCESS;
 }
+/* As the driver: the range is whole mappings, one after another (any number of them). */
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const void *desc, size_t count) {
     (void)desc;
-    int slot, i = mapping_at(ptr, &slot);
-    return count == 1 && i && handles[i].size == size ? SUCCESS : INVALID_VALUE;
+    if (count != 1 || size == 0) return INVALID_VALUE;
+    CUdeviceptr va = ptr;
+    while (va < ptr + size) {
+        int slot, i = mapping_at(va, &slot);
+        if (!i) return INVALID_VALUE;
+        va += handles[i].size;
+    }
+    return va == ptr + size ? SUCCESS : INVALID_VALUE;
 }
 /* Queued work, for tests: stub_queue_work(ptr, size) says a kernel that uses ptr..ptr+size is
  * queued and has not finished. cuCtxSynchronize and cuStreamSynchronize finish all of it.
