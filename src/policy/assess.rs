@@ -4,7 +4,8 @@
 //! controller applies the plan. Every rule has a table-driven unit test below, named after it.
 
 use super::constants::{CYCLE_FALL_DIVISOR, STRAND_CLEAR_DIVISOR, TIGHT_ENTER_STRAND_DIVISOR, TIGHT_EXIT_FREE_FACTOR};
-use super::{Policy, RoutingMode, Segregate};
+use super::{Backing, Policy, RoutingMode, Segregate};
+use crate::strategy::SlabBacking;
 
 /// The policy's bounds resolved on one device, and the settings `assess` reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +27,7 @@ pub(crate) struct Limits {
     pub segregate: Segregate,
     pub growth: f64,
     pub loose_growth: f64,
+    pub backing: Backing,
 }
 
 impl Limits {
@@ -46,6 +48,7 @@ impl Limits {
             segregate: policy.suballoc.segregate,
             growth: policy.suballoc.growth,
             loose_growth: policy.suballoc.loose_growth,
+            backing: policy.suballoc.backing,
         }
     }
 }
@@ -106,6 +109,13 @@ pub(crate) struct Plan {
     pub slab_limit: u64,
     pub segregate: bool,
     pub growth: f64,
+    /// How new slabs are backed: under `auto`, device pages until the workload's peak is known
+    /// (a cycle seen) and while the memory expected free at it is under `bounds.tight_below`:
+    /// only pages give back free memory inside slabs in use, which a device that may run short
+    /// at an unknown peak needs (down to passthrough's exact minimum). Once the peak is known
+    /// and the device has that much room, whole slabs: one driver allocation instead of a
+    /// create and a map per 2 MiB page, tens of times cheaper per byte.
+    pub backing: SlabBacking,
 }
 
 /// The plan for one sample. Pure: the same inputs always give the same plan.
@@ -147,6 +157,12 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
             Segregate::WhenTight => tight,
         },
         growth: if tight { lim.growth } else { lim.loose_growth },
+        backing: match lim.backing {
+            Backing::Auto if cycle_seen && spare >= lim.tight_below => SlabBacking::Whole,
+            Backing::Auto | Backing::Pages => SlabBacking::Pages,
+            Backing::LargeHandles => SlabBacking::LargeHandles,
+            Backing::Whole => SlabBacking::Whole,
+        },
     }
 }
 
@@ -231,6 +247,7 @@ mod tests {
             segregate: Segregate::WhenTight,
             growth: 0.25,
             loose_growth: 1.0,
+            backing: Backing::Auto,
         }
     }
 
@@ -260,6 +277,7 @@ mod tests {
         );
         assert!(!p.tight && !p.pressure && !p.unmap_pages && !p.segregate);
         assert_eq!((p.slab_limit, p.growth), (38 * GIB, 1.0));
+        assert_eq!(p.backing, SlabBacking::Pages, "the peak is not known yet");
     }
 
     /// The rules one at a time: each row changes the sample or the limits and names what the
@@ -271,7 +289,32 @@ mod tests {
             fn(&mut Sample, &mut Limits, &mut Prior),
             fn(&Plan) -> bool,
         );
-        let rows: [Row; 12] = [
+        let rows: [Row; 17] = [
+            (
+                "backing: whole slabs once a cycle showed the peak and the device has room at it",
+                |_, _, pr| pr.cycle_seen = true,
+                |p| p.backing == SlabBacking::Whole,
+            ),
+            (
+                "backing: pages while the peak is unknown, however roomy the device",
+                |s, _, _| s.free = 400 * GIB,
+                |p| p.backing == SlabBacking::Pages,
+            ),
+            (
+                "backing: pages where the memory expected free at a known peak is under tight_below",
+                |s, _, pr| (s.free, pr.cycle_seen) = (7 * GIB, true),
+                |p| p.spare < 8 * GIB && p.backing == SlabBacking::Pages,
+            ),
+            (
+                "backing: a fixed choice holds in every state",
+                |_, l, pr| (l.backing, pr.cycle_seen) = (Backing::Pages, true),
+                |p| p.backing == SlabBacking::Pages,
+            ),
+            (
+                "backing: large handles when the policy asks for them",
+                |_, l, _| l.backing = Backing::LargeHandles,
+                |p| p.backing == SlabBacking::LargeHandles,
+            ),
             (
                 "cycle: footprint under half its peak after the first interval",
                 |s, _, _| s.footprint = 4 * GIB,

@@ -253,11 +253,27 @@ pub struct SuballocPolicy {
     /// pages no live block touches when memory runs short (free space inside slabs is then
     /// never stranded).
     pub page_release: bool,
+    /// How new slabs are backed where `page_release` is on: `auto` (the engine: device pages
+    /// until the workload's peak is known and while the memory expected free at it is under
+    /// `bounds.tight_below`; whole driver allocations once it is known and the device has that
+    /// much room), `pages`, `large-handles` (an eighth of the slab per physical handle) or
+    /// `whole`.
+    pub backing: Backing,
     /// Under the adaptive policy, refuse slab placements that would strand memory beyond
     /// `bounds.strand_share` of the memory expected free at the peak; such requests get
     /// exact-size cached blocks. With it, what the allocator holds where no release can reach
     /// stays within what the device can spare at the workload's peak.
     pub strand_guard: bool,
+}
+
+/// How new slabs are backed by the device (`suballoc.backing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backing {
+    Auto,
+    Pages,
+    LargeHandles,
+    Whole,
 }
 
 /// When the suballocator segregates slabs by size class.
@@ -278,6 +294,7 @@ impl Default for SuballocPolicy {
             loose_growth: 0.25,
             segregate: Segregate::Never,
             page_release: true,
+            backing: Backing::Auto,
             strand_guard: true,
         }
     }

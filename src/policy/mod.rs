@@ -18,7 +18,7 @@ mod journal;
 
 pub use classify::{BUCKETS, bucket_of, bucket_range, class_name};
 pub use config::{
-    BoundsPolicy, CachingPolicy, OomPolicy, PRESETS, Policy, RoutingMode, RoutingPolicy, Segregate, SizeOrFraction,
+    Backing, BoundsPolicy, CachingPolicy, OomPolicy, PRESETS, Policy, RoutingMode, RoutingPolicy, Segregate, SizeOrFraction,
     SuballocPolicy,
 };
 pub(crate) use constants::FIND_EXACT_STEPS;

@@ -27,6 +27,20 @@ use crate::error::DeviceError;
 use crate::hash::FastMap;
 use crate::size::{ALIGNMENT, GIB, MIB, round_up};
 
+
+/// How a new slab is backed by the device. Pages give back free memory inside a slab in use a
+/// page at a time (nothing strands), but the driver's cost goes with the number of physical
+/// handles (a create and a map each: 2 MiB pages make a 1 GiB slab 512 handles); large handles
+/// (an eighth of the slab) cost an eighth as many calls and release an eighth of the slab at a
+/// time; a whole slab is one driver allocation that goes back only when empty.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SlabBacking {
+    #[default]
+    Pages,
+    LargeHandles,
+    Whole,
+}
+
 /// Settings of the suballocator.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SuballocConfig {
@@ -137,6 +151,9 @@ pub struct Suballoc {
     /// When set, a placement that would leave `pinned` over `consumed` by more than this is
     /// refused ([`Suballoc::allocate_guarded`]).
     strand_budget: Option<u64>,
+    /// How new slabs are backed where `page_release` is on; the engine chooses
+    /// ([`set_backing`](Self::set_backing)).
+    backing: SlabBacking,
     /// How the device's driver consumes memory (read once, on the first allocation).
     model: Option<Granularity>,
     /// Bytes of emptied slabs given back on frees so far because empty slabs passed
@@ -169,6 +186,7 @@ impl Suballoc {
             quiesced_at: None,
             pages: Vec::new(),
             strand_budget: None,
+            backing: SlabBacking::Pages,
             model: None,
             released_over_bound: 0,
             splices: Slots::new(),
@@ -279,8 +297,8 @@ impl Suballoc {
         }
         let pinned = match found {
             Some(idx) => self.pins(idx, pad, bytes),
-            None => match self.paged_vmm(dev) {
-                Some(vmm) => round_up(bytes, vmm.page_size()),
+            None => match self.vmm_for_new(dev) {
+                Some(vmm) => round_up(bytes, self.handle_for(vmm.page_size(), bytes)),
                 None => round_up(bytes, dev.granularity().max(ALIGNMENT)),
             },
         };
@@ -316,6 +334,26 @@ impl Suballoc {
     /// Sets the strand guard's budget (None: no guard). See [`allocate_guarded`](Self::allocate_guarded).
     pub fn set_strand_budget(&mut self, budget: Option<u64>) {
         self.strand_budget = budget;
+    }
+
+    /// How new slabs are backed (where `page_release` is on and the device has virtual
+    /// memory; otherwise they are whole driver allocations). Slabs already made keep theirs.
+    pub fn set_backing(&mut self, backing: SlabBacking) {
+        self.backing = backing;
+    }
+
+    /// The handle a new page-backed slab of `size` bytes is mapped in, on a device of `page`.
+    pub(super) fn handle_for(&self, page: u64, size: u64) -> u64 {
+        let eighth = size / 8;
+        if self.backing != SlabBacking::LargeHandles || eighth < page {
+            return page;
+        }
+        (1u64 << (63 - eighth.leading_zeros())).max(page)
+    }
+
+    /// The device's virtual memory when new slabs are backed by it.
+    pub(super) fn vmm_for_new<'d>(&self, dev: &'d dyn Device) -> Option<&'d dyn VirtualMemory> {
+        self.paged_vmm(dev).filter(|_| self.backing != SlabBacking::Whole)
     }
 
     /// Bytes pinned by live blocks over what the driver would consume for them, or 0 when the

@@ -91,9 +91,10 @@ impl Suballoc {
             return Ok(false);
         }
         let vmm = dev.vmm().expect("a paged slab's device has vmm");
+        let handle = pm.page_size();
         let mut done: Vec<(u64, u64)> = Vec::new();
         for &(off, len) in &runs {
-            if let Err(e) = vmm.map(slab.base + off, len) {
+            if let Err(e) = vmm.map_handles(slab.base + off, len, handle) {
                 for &(o, l) in &done {
                     let _ = vmm.unmap(slab.base + o, l);
                 }

@@ -33,15 +33,18 @@ impl Suballoc {
             round_up(count.saturating_mul(bytes), granule).min(max_slab)
         };
         let preferred = preferred.min(limit).max(exact);
-        let (base, size, page_map) = match self.paged_vmm(dev) {
+        let (base, size, page_map) = match self.vmm_for_new(dev) {
             Some(vmm) => {
                 // Address space is free: reserve the whole slab, map what fits (all of it, or
-                // just the request's pages on a tight device).
+                // just the request's handles on a tight device).
+                let handle = self.handle_for(vmm.page_size(), preferred);
+                let preferred = round_up(preferred, handle);
+                let exact = round_up(bytes, handle);
                 let base = vmm.reserve(preferred)?;
-                let mut pm = PageMap::new(preferred, vmm.page_size());
-                let mapped = match vmm.map(base, preferred) {
+                let mut pm = PageMap::new(preferred, handle);
+                let mapped = match vmm.map_handles(base, preferred, handle) {
                     Ok(()) => preferred,
-                    Err(e) if e.is_out_of_memory() && preferred > exact => match vmm.map(base, exact) {
+                    Err(e) if e.is_out_of_memory() && preferred > exact => match vmm.map_handles(base, exact, handle) {
                         Ok(()) => exact,
                         Err(e) => {
                             let _ = vmm.unreserve(base);

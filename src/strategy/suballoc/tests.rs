@@ -5,11 +5,15 @@
 use super::*;
 use crate::device::SimDevice;
 use crate::rng::SplitMix64;
-use crate::size::KIB;
+use crate::size::{GIB, KIB};
 
 /// Runs `ops` random allocations and frees on `dev`; returns how many blocks were spliced.
 fn churn(dev: &SimDevice, config: SuballocConfig, seed: u64, ops: usize) -> u64 {
-    let mut sub = Suballoc::new(config);
+    churn_with(dev, Suballoc::new(config), seed, ops)
+}
+
+/// [`churn`] on a suballocator already set up.
+fn churn_with(dev: &SimDevice, mut sub: Suballoc, seed: u64, ops: usize) -> u64 {
     let mut rng = SplitMix64(seed);
     let mut live: Vec<(Grant, StreamId)> = Vec::new();
     let mut spliced = 0;
@@ -109,4 +113,57 @@ fn one_synchronization_serves_a_release() {
     sub.release_empty_slabs(&dev, 0);
     assert_eq!(dev.quiesces(), 2, "a free since: the next release waits again");
     assert_eq!(dev.used_bytes(), 0);
+}
+
+/// Each backing maps a slab as it says: device pages (a create each), large handles (an eighth
+/// of the slab each, released whole) or one whole driver allocation; and the random churn's
+/// counts hold under large handles too (a tight device: out-of-memory, release, no splicing of
+/// a handle's pages).
+#[test]
+fn slabs_are_backed_as_the_engine_says() {
+    let config = SuballocConfig {
+        page_release: true,
+        min_slab: 64 * MIB,
+        max_empty_bytes: u64::MAX,
+        ..SuballocConfig::default()
+    };
+    for (backing, creates, driver_allocs) in [
+        (SlabBacking::Pages, 32, 0),
+        (SlabBacking::LargeHandles, 8, 0),
+        (SlabBacking::Whole, 0, 1),
+    ] {
+        let dev = SimDevice::new(GIB);
+        let mut sub = Suballoc::new(config.clone());
+        sub.set_backing(backing);
+        let g = sub.allocate(&dev, MIB, 0).unwrap();
+        let ops = dev.stats().ops;
+        assert_eq!((ops.create.calls, ops.alloc.calls), (creates, driver_allocs), "{backing:?}");
+        sub.deallocate(&dev, g.meta, 0, 1);
+        sub.release_empty_slabs(&dev, 0);
+        assert_eq!(dev.leak_report().blocks, 0, "{backing:?}");
+    }
+    // A free 8 MiB handle in a slab in use goes back whole; a used one stays.
+    let dev = SimDevice::new(GIB);
+    let mut sub = Suballoc::new(config.clone());
+    sub.set_backing(SlabBacking::LargeHandles);
+    let blocks: Vec<Grant> = (0..16).map(|_| sub.allocate(&dev, 4 * MIB, 0).unwrap()).collect();
+    for (i, g) in blocks.iter().enumerate().skip(2) {
+        sub.deallocate(&dev, g.meta, 0, 1 + i as u64);
+    }
+    assert_eq!(sub.unmap_unused(&dev, u64::MAX), 56 * MIB, "seven of the eight handles");
+    assert_eq!(dev.used_bytes(), 8 * MIB);
+    for g in &blocks[..2] {
+        sub.deallocate(&dev, g.meta, 0, 100);
+    }
+    sub.release_empty_slabs(&dev, 0);
+    assert_eq!(dev.leak_report().blocks, 0);
+    for seed in 0..4 {
+        let dev = SimDevice::new(48 * MIB);
+        let mut sub = Suballoc::new(SuballocConfig {
+            page_release: true,
+            ..SuballocConfig::default()
+        });
+        sub.set_backing(SlabBacking::LargeHandles);
+        churn_with(&dev, sub, seed, 3000);
+    }
 }
