@@ -299,6 +299,8 @@ pub struct CompareOptions {
     pub pytorch_conf: PytorchConf,
     /// A synchronization point every this many events (besides the end of each pass).
     pub sync_every: Option<u64>,
+    /// The `adaptive` contender's policy (the default policy when None).
+    pub policy: Option<Policy>,
 }
 
 impl Default for CompareOptions {
@@ -311,6 +313,7 @@ impl Default for CompareOptions {
             tenant: None,
             pytorch_conf: PytorchConf::default(),
             sync_every: None,
+            policy: None,
         }
     }
 }
@@ -341,7 +344,10 @@ fn setup(
             .tenants(script)
             .build(),
     );
-    let alloc = contender.target(dev.clone() as Arc<dyn Device>, &opts.pytorch_conf);
+    let alloc: Box<dyn ReplayTarget> = match (&opts.policy, contender) {
+        (Some(policy), Contender::Adaptive) => Box::new(Allocator::with_policy(dev.clone(), policy.clone())),
+        _ => contender.target(dev.clone() as Arc<dyn Device>, &opts.pytorch_conf),
+    };
     (dev, alloc)
 }
 

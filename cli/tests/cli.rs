@@ -474,3 +474,41 @@ fn every_peer_runs_in_compare_sweep_and_replay_and_a_bad_pytorch_conf_names_its_
     fails(&["compare", t, "--sync-every", "0"]);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `compare --cost-model` prices the driver with another model, `--policy` runs adaptive under
+/// another policy; a bad file or an unknown preset is a one-line error that names it.
+#[test]
+fn compare_takes_a_cost_model_and_a_policy() {
+    let a = tmp("cm.csv");
+    ok(&["synth", "phase-change", "--out", a.to_str().unwrap()]);
+    let ns = |extra: &[&str]| -> u64 {
+        let mut args = vec![
+            "compare",
+            a.to_str().unwrap(),
+            "--capacity-factor",
+            "1.1",
+            "--strategies",
+            "adaptive",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let json: Value = serde_json::from_str(&ok(&args)).unwrap();
+        json["traces"][0]["results"][0]["modeled_driver_ns"].as_u64().unwrap()
+    };
+    let root = env!("CARGO_MANIFEST_DIR");
+    let fast = format!("{root}/../tuning/cost-models/vmm-fast.toml");
+    let (default, cheap) = (ns(&[]), ns(&["--cost-model", &fast]));
+    assert!(cheap < default, "cheaper virtual memory: {cheap} < {default}");
+    let pages = write("pages.toml", b"[suballoc]\nbacking = \"pages\"\n");
+    let whole = write("whole.toml", b"[suballoc]\nbacking = \"whole\"\n");
+    assert!(
+        ns(&["--policy", &whole]) < ns(&["--policy", &pages]),
+        "whole slabs map fewer handles"
+    );
+    let bad = write("bad-cost.toml", b"alloc = 3\n");
+    let err = fails(&["compare", a.to_str().unwrap(), "--cost-model", &bad]);
+    assert!(err.contains("bad-cost.toml") && err.contains("alloc"), "{err}");
+    let err = fails(&["compare", a.to_str().unwrap(), "--policy", "no-such-preset"]);
+    assert!(err.contains("no-such-preset") && err.contains("presets"), "{err}");
+}

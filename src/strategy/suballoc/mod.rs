@@ -27,7 +27,6 @@ use crate::error::DeviceError;
 use crate::hash::FastMap;
 use crate::size::{ALIGNMENT, GIB, MIB, round_up};
 
-
 /// How a new slab is backed by the device. Pages give back free memory inside a slab in use a
 /// page at a time (nothing strands), but the driver's cost goes with the number of physical
 /// handles (a create and a map each: 2 MiB pages make a 1 GiB slab 512 handles); large handles

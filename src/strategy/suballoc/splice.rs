@@ -158,7 +158,11 @@ impl Suballoc {
             }
             // Only slabs backed by device pages: a page of a larger handle cannot be mapped
             // again on its own (cuMemMap maps whole handles from offset 0).
-            let Some(Some(pm)) = self.pages.get(n.slab as usize).filter(|p| p.as_ref().is_some_and(|pm| pm.page_size() == page)) else {
+            let Some(Some(pm)) = self
+                .pages
+                .get(n.slab as usize)
+                .filter(|p| p.as_ref().is_some_and(|pm| pm.page_size() == page))
+            else {
                 continue;
             };
             let slab_base = self.slabs[n.slab].base;

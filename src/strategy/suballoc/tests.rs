@@ -133,18 +133,22 @@ fn slabs_are_backed_as_the_engine_says() {
         (SlabBacking::Whole, 0, 1),
     ] {
         let dev = SimDevice::new(GIB);
-        let mut sub = Suballoc::new(config.clone());
+        let mut sub = Suballoc::new(config);
         sub.set_backing(backing);
         let g = sub.allocate(&dev, MIB, 0).unwrap();
         let ops = dev.stats().ops;
-        assert_eq!((ops.create.calls, ops.alloc.calls), (creates, driver_allocs), "{backing:?}");
+        assert_eq!(
+            (ops.create.calls, ops.alloc.calls),
+            (creates, driver_allocs),
+            "{backing:?}"
+        );
         sub.deallocate(&dev, g.meta, 0, 1);
         sub.release_empty_slabs(&dev, 0);
         assert_eq!(dev.leak_report().blocks, 0, "{backing:?}");
     }
     // A free 8 MiB handle in a slab in use goes back whole; a used one stays.
     let dev = SimDevice::new(GIB);
-    let mut sub = Suballoc::new(config.clone());
+    let mut sub = Suballoc::new(config);
     sub.set_backing(SlabBacking::LargeHandles);
     let blocks: Vec<Grant> = (0..16).map(|_| sub.allocate(&dev, 4 * MIB, 0).unwrap()).collect();
     for (i, g) in blocks.iter().enumerate().skip(2) {

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use adaptalloc::device::CostModel;
+use adaptalloc::policy::Policy;
 use adaptalloc_cli::compare::{CompareOptions, compare};
 use anyhow::{Context, bail};
 
@@ -30,6 +32,14 @@ pub struct Args {
     /// Plot live, reserved and idle bytes over the first trace, one panel per strategy (SVG).
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// The `adaptive` strategy's policy: a preset name or a policy file (default: the default
+    /// policy).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Price driver calls with this cost model file (default: tuning/cost-models/default.toml,
+    /// built in; `adaptalloc gpu-bench` writes one for a real GPU).
+    #[arg(long)]
+    cost_model: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -53,7 +63,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         tenant: args.run.tenant,
         pytorch_conf: args.run.pytorch_conf.clone(),
         sync_every: args.run.sync_every,
-        ..Default::default()
+        policy: args.policy.as_deref().map(Policy::load).transpose()?,
+        cost_model: match &args.cost_model {
+            Some(path) => CostModel::from_file(path)?,
+            None => CostModel::default(),
+        },
     };
     let traces = load_traces(&args.traces, args.lenient, args.run.window)?;
     let result = crate::progress::with_spinner("replaying", || compare(&traces, &opts));
