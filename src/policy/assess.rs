@@ -109,12 +109,7 @@ pub(crate) struct Plan {
     pub slab_limit: u64,
     pub segregate: bool,
     pub growth: f64,
-    /// How new slabs are backed: under `auto`, device pages until the workload's peak is known
-    /// (a cycle seen) and while the memory expected free at it is under `bounds.tight_below`:
-    /// only pages give back free memory inside slabs in use, which a device that may run short
-    /// at an unknown peak needs (down to passthrough's exact minimum). Once the peak is known
-    /// and the device has that much room, whole slabs: one driver allocation instead of a
-    /// create and a map per 2 MiB page, tens of times cheaper per byte.
+    /// How new slabs are backed (`suballoc.backing`).
     pub backing: SlabBacking,
 }
 
@@ -158,8 +153,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         },
         growth: if tight { lim.growth } else { lim.loose_growth },
         backing: match lim.backing {
-            Backing::Auto if cycle_seen && spare >= lim.tight_below => SlabBacking::Whole,
-            Backing::Auto | Backing::Pages => SlabBacking::Pages,
+            Backing::Pages => SlabBacking::Pages,
             Backing::LargeHandles => SlabBacking::LargeHandles,
             Backing::Whole => SlabBacking::Whole,
         },
@@ -247,7 +241,7 @@ mod tests {
             segregate: Segregate::WhenTight,
             growth: 0.25,
             loose_growth: 1.0,
-            backing: Backing::Auto,
+            backing: Backing::Pages,
         }
     }
 
@@ -277,7 +271,7 @@ mod tests {
         );
         assert!(!p.tight && !p.pressure && !p.unmap_pages && !p.segregate);
         assert_eq!((p.slab_limit, p.growth), (38 * GIB, 1.0));
-        assert_eq!(p.backing, SlabBacking::Pages, "the peak is not known yet");
+        assert_eq!(p.backing, SlabBacking::Pages);
     }
 
     /// The rules one at a time: each row changes the sample or the limits and names what the
@@ -289,31 +283,16 @@ mod tests {
             fn(&mut Sample, &mut Limits, &mut Prior),
             fn(&Plan) -> bool,
         );
-        let rows: [Row; 17] = [
+        let rows: [Row; 14] = [
             (
-                "backing: whole slabs once a cycle showed the peak and the device has room at it",
-                |_, _, pr| pr.cycle_seen = true,
-                |p| p.backing == SlabBacking::Whole,
-            ),
-            (
-                "backing: pages while the peak is unknown, however roomy the device",
-                |s, _, _| s.free = 400 * GIB,
-                |p| p.backing == SlabBacking::Pages,
-            ),
-            (
-                "backing: pages where the memory expected free at a known peak is under tight_below",
-                |s, _, pr| (s.free, pr.cycle_seen) = (7 * GIB, true),
-                |p| p.spare < 8 * GIB && p.backing == SlabBacking::Pages,
-            ),
-            (
-                "backing: a fixed choice holds in every state",
-                |_, l, pr| (l.backing, pr.cycle_seen) = (Backing::Pages, true),
-                |p| p.backing == SlabBacking::Pages,
-            ),
-            (
-                "backing: large handles when the policy asks for them",
-                |_, l, _| l.backing = Backing::LargeHandles,
+                "backing: large handles when the policy asks for them, in every state",
+                |s, l, pr| (s.free, l.backing, pr.cycle_seen) = (GIB, Backing::LargeHandles, true),
                 |p| p.backing == SlabBacking::LargeHandles,
+            ),
+            (
+                "backing: whole slabs when the policy asks for them",
+                |_, l, _| l.backing = Backing::Whole,
+                |p| p.backing == SlabBacking::Whole,
             ),
             (
                 "cycle: footprint under half its peak after the first interval",

@@ -253,11 +253,12 @@ pub struct SuballocPolicy {
     /// pages no live block touches when memory runs short (free space inside slabs is then
     /// never stranded).
     pub page_release: bool,
-    /// How new slabs are backed where `page_release` is on: `auto` (the engine: device pages
-    /// until the workload's peak is known and while the memory expected free at it is under
-    /// `bounds.tight_below`; whole driver allocations once it is known and the device has that
-    /// much room), `pages`, `large-handles` (an eighth of the slab per physical handle) or
-    /// `whole`.
+    /// How new slabs are backed where `page_release` is on: `pages` (one physical handle per
+    /// device page: free memory inside slabs in use goes back a page at a time), `large-handles`
+    /// (an eighth of the slab per handle: an eighth of the mapping calls, released an eighth of
+    /// the slab at a time) or `whole` (one driver allocation per slab, released only empty).
+    /// Only pages keep the promise down to passthrough's exact minimum; the others are for a
+    /// device known to have room (see BENCHMARKS.md for what each costs and fails).
     pub backing: Backing,
     /// Under the adaptive policy, refuse slab placements that would strand memory beyond
     /// `bounds.strand_share` of the memory expected free at the peak; such requests get
@@ -270,7 +271,6 @@ pub struct SuballocPolicy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Backing {
-    Auto,
     Pages,
     LargeHandles,
     Whole,
@@ -294,7 +294,7 @@ impl Default for SuballocPolicy {
             loose_growth: 0.25,
             segregate: Segregate::Never,
             page_release: true,
-            backing: Backing::Auto,
+            backing: Backing::Pages,
             strand_guard: true,
         }
     }
