@@ -494,19 +494,64 @@ pub struct MemoryPoint {
     pub idle_bytes: u64,
 }
 
+/// One contender's replay for a plot: memory about every `points`-th of the way, the events
+/// where an allocation failed, and its totals.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timeline {
+    pub points: Vec<MemoryPoint>,
+    /// Events (indices, all passes counted) whose allocation the allocator refused.
+    pub failed_at: Vec<u64>,
+    pub driver_calls: u64,
+    pub modeled_driver_ns: u64,
+}
+
+/// A replay target that notes the event of every refused allocation (`now` is set by the
+/// replay's per-event callback).
+struct MarkFailures<'a> {
+    inner: &'a dyn ReplayTarget,
+    now: &'a std::cell::Cell<u64>,
+    failed_at: std::cell::RefCell<Vec<u64>>,
+}
+
+impl ReplayTarget for MarkFailures<'_> {
+    fn allocate(&self, bytes: u64, stream: adaptalloc::strategy::StreamId) -> Option<adaptalloc::device::DevicePtr> {
+        let r = self.inner.allocate(bytes, stream);
+        if r.is_none() {
+            self.failed_at.borrow_mut().push(self.now.get());
+        }
+        r
+    }
+    fn deallocate(&self, ptr: adaptalloc::device::DevicePtr, stream: adaptalloc::strategy::StreamId) {
+        self.inner.deallocate(ptr, stream)
+    }
+    fn synchronize(&self) {
+        self.inner.synchronize()
+    }
+    fn counters(&self) -> crate::trace::TargetCounters {
+        self.inner.counters()
+    }
+    fn reset_peaks(&self) {
+        self.inner.reset_peaks()
+    }
+    fn device(&self) -> &Arc<dyn Device> {
+        self.inner.device()
+    }
+}
+
 /// Replays `trace` through `contender` like [`run_one`], sampling memory about `points` times.
-pub fn timeline(
-    trace: &Trace,
-    contender: Contender,
-    capacity: u64,
-    opts: &CompareOptions,
-    points: u64,
-) -> Vec<MemoryPoint> {
+pub fn timeline(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions, points: u64) -> Timeline {
     let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
     let every = (events / points.max(1)).max(1);
     let (dev, alloc) = setup(contender, capacity, opts, events);
+    let now = std::cell::Cell::new(0);
+    let marked = MarkFailures {
+        inner: &*alloc,
+        now: &now,
+        failed_at: Default::default(),
+    };
     let mut out = Vec::with_capacity(points as usize + 1);
-    replay_with(trace, &*alloc, opts.replay_options(), |i| {
+    let m = replay_with(trace, &marked, opts.replay_options(), |i| {
+        now.set(i);
         dev.advance_clock(i);
         if i % every == 0 {
             let s = alloc.counters();
@@ -518,7 +563,12 @@ pub fn timeline(
             });
         }
     });
-    out
+    Timeline {
+        points: out,
+        failed_at: marked.failed_at.into_inner(),
+        driver_calls: m.driver_allocs + m.driver_frees,
+        modeled_driver_ns: m.modeled_driver_ns,
+    }
 }
 
 /// The smallest capacity on which passthrough completes `trace` on a SimDevice of granularity

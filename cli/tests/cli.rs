@@ -393,6 +393,31 @@ fn tune_writes_a_loadable_policy_and_compare_writes_report_and_plot() {
         "{}",
         &svg[..200]
     );
+    // One legend with the capacity line and the failure mark; each panel says its totals.
+    assert!(svg.contains("device capacity") && svg.contains("failed request"));
+    assert!(svg.contains("adaptive: 0 failed,") && svg.contains("ms modelled driver time"));
+}
+
+/// The plot's timeline marks every refused allocation at its event: as many marks as the
+/// replay's failures, each at an allocation of the trace.
+#[test]
+fn timeline_marks_each_failed_request() {
+    use adaptalloc_cli::compare::{CompareOptions, Contender, run_one, timeline};
+    use adaptalloc_cli::synth::WorkloadSpec;
+    let spec = WorkloadSpec::bundled("training").unwrap();
+    let t = spec.generate(spec.seed);
+    let cap = (t.peak_live_bytes() as f64 * 1.1) as u64;
+    let opts = CompareOptions::default();
+    let line = timeline(&t, Contender::Caching, cap, &opts, 100);
+    let run = run_one(&t, Contender::Caching, cap, &opts);
+    assert!(run.failed_allocs > 0, "unbounded caching fails on a tight device");
+    assert_eq!(line.failed_at.len() as u64, run.failed_allocs);
+    assert_eq!(line.driver_calls, run.driver_allocs + run.driver_frees);
+    assert!(
+        line.failed_at.windows(2).all(|w| w[0] < w[1]),
+        "one mark per event, in order"
+    );
+    assert!(line.points.len() >= 100);
 }
 
 /// `--window` replays part of each trace: compare, sweep and replay name it, and its frees of
