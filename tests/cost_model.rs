@@ -105,18 +105,23 @@ fn driver_allocations_go_down_the_address_range_and_frees_pay_their_synchronizat
 }
 
 #[test]
-fn pool_calls_and_mem_info_are_priced() {
+fn pool_calls_mem_info_and_stream_waits_are_priced() {
     let dev = device(GIB);
     let m = CostModel::default();
     dev.charge_pool_call(PoolCall::Alloc);
     dev.charge_pool_call(PoolCall::Alloc);
     dev.charge_pool_call(PoolCall::Free);
     dev.mem_info().unwrap();
+    dev.stream_wait(7).unwrap();
     let s = dev.stats();
+    assert_eq!((s.ops.stream_sync.calls, s.ops.stream_sync.ns), (1, m.stream_sync_ns));
     assert_eq!(s.ops.async_alloc.ns, 2 * m.async_alloc_ns);
     assert_eq!(s.ops.async_free.ns, m.async_free_ns);
     assert_eq!(s.ops.mem_info.ns, m.mem_info_ns);
-    assert_eq!(s.driver_ns, 2 * m.async_alloc_ns + m.async_free_ns + m.mem_info_ns);
+    assert_eq!(
+        s.driver_ns,
+        2 * m.async_alloc_ns + m.async_free_ns + m.mem_info_ns + m.stream_sync_ns
+    );
 }
 
 #[test]

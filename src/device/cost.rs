@@ -136,6 +136,9 @@ pub struct CostModel {
     pub free_sync_ns: u64,
     /// cuMemGetInfo latency, in ns.
     pub mem_info_ns: u64,
+    /// A wait for one stream's queued work (cuStreamSynchronize), in ns: what the allocator
+    /// pays when it waits for a stream before failing a request.
+    pub stream_sync_ns: u64,
     /// cudaMallocAsync served from a stream-ordered pool's memory, in ns.
     pub async_alloc_ns: u64,
     /// cudaFreeAsync, in ns.
@@ -163,6 +166,7 @@ impl CostModel {
             free: CostCurve::flat(0),
             free_sync_ns: 0,
             mem_info_ns: 0,
+            stream_sync_ns: 0,
             async_alloc_ns: 0,
             async_free_ns: 0,
             vmm: VmmCosts {
@@ -237,7 +241,7 @@ mod tests {
     }
 
     /// Everything after `alloc` in a minimal model.
-    const REST: &str = "free = { points = [[1, 1]] }\nfree_sync_ns = 0\nmem_info_ns = 0\nasync_alloc_ns = 0\nasync_free_ns = 0\n[vmm]\nreserve_ns = 0\nunreserve_ns = 0\ncreate_ns = 5\nmap_ns = 1\nset_access_ns = 0\nunmap_ns = 0\nrelease_ns = 0\nunmap_sync_ns = 0\n";
+    const REST: &str = "free = { points = [[1, 1]] }\nfree_sync_ns = 0\nmem_info_ns = 0\nstream_sync_ns = 0\nasync_alloc_ns = 0\nasync_free_ns = 0\n[vmm]\nreserve_ns = 0\nunreserve_ns = 0\ncreate_ns = 5\nmap_ns = 1\nset_access_ns = 0\nunmap_ns = 0\nrelease_ns = 0\nunmap_sync_ns = 0\n";
 
     #[test]
     fn create_price_is_a_number_or_a_curve_by_handle_size() {

@@ -46,6 +46,8 @@ pub struct DriverOps {
     pub release: OpTally,
     /// The synchronization before a batch of unmaps (cuMemUnmap is not stream-ordered).
     pub unmap_sync: OpTally,
+    /// A wait for one stream's queued work (cuStreamSynchronize).
+    pub stream_sync: OpTally,
     /// cudaMallocAsync served by a stream-ordered pool.
     pub async_alloc: OpTally,
     /// cudaFreeAsync.
@@ -54,7 +56,7 @@ pub struct DriverOps {
 
 impl DriverOps {
     /// Every kind with its key, in cost-model order.
-    pub fn kinds(&self) -> [(&'static str, OpTally); 14] {
+    pub fn kinds(&self) -> [(&'static str, OpTally); 15] {
         [
             ("alloc", self.alloc),
             ("free", self.free),
@@ -68,6 +70,7 @@ impl DriverOps {
             ("unmap", self.unmap),
             ("release", self.release),
             ("unmap_sync", self.unmap_sync),
+            ("stream_sync", self.stream_sync),
             ("async_alloc", self.async_alloc),
             ("async_free", self.async_free),
         ]
@@ -97,6 +100,7 @@ impl DriverOps {
             unmap: d(self.unmap, earlier.unmap),
             release: d(self.release, earlier.release),
             unmap_sync: d(self.unmap_sync, earlier.unmap_sync),
+            stream_sync: d(self.stream_sync, earlier.stream_sync),
             async_alloc: d(self.async_alloc, earlier.async_alloc),
             async_free: d(self.async_free, earlier.async_free),
         }
@@ -130,6 +134,6 @@ mod tests {
         assert_eq!((d.async_free.calls, d.async_free.ns), (3, 3));
         assert_eq!(d.unmap_sync, OpTally::default());
         assert_eq!(b.total_ns(), 30 + 7 + 3);
-        assert_eq!(a.kinds().len(), 14);
+        assert_eq!(a.kinds().len(), 15);
     }
 }

@@ -419,6 +419,13 @@ impl Device for SimDevice {
         now.saturating_sub(freed_at) >= self.stream_lag
     }
 
+    /// Charged at the cost model's price (nothing runs on the simulated device to wait for).
+    fn stream_wait(&self, _stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        s.stats.ops.stream_sync.charge(1, self.cost.stream_sync_ns);
+        Ok(())
+    }
+
     fn name(&self) -> String {
         format!("SimDevice {}", ByteSize(self.capacity))
     }

@@ -144,6 +144,8 @@ fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
          free_sync_ns = {sync}\n\n\
          # cuMemGetInfo, median of 100 calls.\n\
          mem_info_ns = {info}\n\n\
+         # Kept from the default model, as free_sync_ns: a wait for one stream's queued work.\n\
+         stream_sync_ns = {ssync}\n\n\
          # cuMemAllocAsync / cuMemFreeAsync on the default pool (release threshold at its maximum),\n\
          # pool hits, medians over every size below.\n\
          async_alloc_ns = {async_alloc}\n\
@@ -154,6 +156,7 @@ fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
          #         size     alloc      free\n{pool_rows}",
         name = cuda.name(),
         sync = default.free_sync_ns,
+        ssync = default.stream_sync_ns,
         info = median(info),
         async_alloc = median(all_pa),
         async_free = median(all_pf),
