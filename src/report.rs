@@ -119,6 +119,8 @@ pub struct TuningReport {
     pub timeline: Vec<TimelinePoint>,
     /// Why the recommended policy differs from the one used.
     pub recommendations: Vec<String>,
+    /// Whether the recommended policy differs from the one used.
+    pub recommends_change: bool,
     pub recommended_policy: Policy,
 }
 
@@ -206,6 +208,7 @@ impl TuningReport {
             decisions: input.decisions,
             timeline: input.timeline,
             recommendations: Vec::new(),
+            recommends_change: false,
             recommended_policy: input.policy.clone(),
         };
         report.recommend();
@@ -217,8 +220,13 @@ impl TuningReport {
         let (used_idle_bound, larger_idle_bound) = (self.policy_max_idle(), self.larger_idle_bound());
         let p = &mut self.recommended_policy;
         let mut why = Vec::new();
+        // Only keys that take effect under the policy's mode: slab settings where slabs are
+        // used, idle bounds where memory is kept, routing where routes are chosen.
+        let fixed = p.routing.mode.fixed();
+        let slabs = fixed.is_none_or(|k| k == crate::strategy::StrategyKind::Suballoc);
+        let keeps_idle = fixed != Some(crate::strategy::StrategyKind::Passthrough);
         let tight = self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0;
-        if tight {
+        if tight && slabs {
             if p.suballoc.segregate != Segregate::Always {
                 p.suballoc.segregate = Segregate::Always;
                 why.push(format!(
@@ -230,7 +238,9 @@ impl TuningReport {
                 p.suballoc.loose_growth = p.suballoc.growth;
                 why.push("memory ran short: grow slabs slowly even while there is room".into());
             }
-        } else if self.driver.calls_ratio > 0.10
+        } else if !tight
+            && keeps_idle
+            && self.driver.calls_ratio > 0.10
             && self.bytes_released_by_bounds > 0
             && let Some(bound) = larger_idle_bound
         {
@@ -248,7 +258,7 @@ impl TuningReport {
         // The guard paid a driver call per refusal for a peak that never came: the workload
         // used at most half the device. Forecast its peak as the peak it has shown.
         let roomy = self.memory.peak_reserved_bytes.saturating_mul(2) <= self.device_total_bytes;
-        if !tight && roomy && self.strand_refusals > 0 && p.bounds.peak_growth > 1.0 {
+        if !tight && roomy && fixed.is_none() && self.strand_refusals > 0 && p.bounds.peak_growth > 1.0 {
             p.bounds.peak_growth = 1.0;
             why.push(format!(
                 "the strand guard gave {} requests exact-size blocks (a driver call each) while peak reserved stayed at {} of {}: take the peak so far as the peak (bounds.peak_growth = 1)",
@@ -257,7 +267,7 @@ impl TuningReport {
                 ByteSize(self.device_total_bytes)
             ));
         }
-        if self.route_changes.len() as u64 > 4 * self.classes.len().max(1) as u64 {
+        if fixed.is_none() && self.route_changes.len() as u64 > 4 * self.classes.len().max(1) as u64 {
             p.routing.hysteresis = p.routing.hysteresis.saturating_mul(2).max(2);
             why.push(format!(
                 "{} route changes over {} classes: double the hysteresis to stop routes flapping",
@@ -265,7 +275,7 @@ impl TuningReport {
                 self.classes.len()
             ));
         }
-        if self.memory.reserved_over_live > 1.5 && !tight {
+        if self.memory.reserved_over_live > 1.5 && !tight && slabs {
             p.suballoc.loose_growth = (p.suballoc.loose_growth / 2.0).max(0.125);
             p.suballoc.growth = p.suballoc.growth.min(p.suballoc.loose_growth);
             why.push(format!(
@@ -273,6 +283,7 @@ impl TuningReport {
                 self.memory.reserved_over_live, p.suballoc.loose_growth
             ));
         }
+        self.recommends_change = !why.is_empty();
         if why.is_empty() {
             why.push("the policy used fits this workload: no change".into());
         }
@@ -467,6 +478,13 @@ impl fmt::Display for TuningReport {
         writeln!(f, "\n## Recommendation\n")?;
         for r in &self.recommendations {
             writeln!(f, "- {r}")?;
+        }
+        if self.recommends_change {
+            writeln!(
+                f,
+                "\nTo apply it, save the TOML below as a file and run with `ADAPTALLOC_POLICY=FILE` (or \
+                 `adaptalloc replay TRACE --policy FILE` to see what it does on a recorded workload)."
+            )?;
         }
         writeln!(f, "\n```toml\n{}```", self.recommended_policy.to_toml())
     }

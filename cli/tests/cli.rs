@@ -376,6 +376,10 @@ fn tune_writes_a_loadable_policy_and_compare_writes_report_and_plot() {
         out.to_str().unwrap(),
     ]);
     assert!(text.contains("Winner:") && text.contains("**(winner)**"), "{text}");
+    assert!(
+        text.contains("| the base policy (baseline)") && text.contains("the baseline's"),
+        "{text}"
+    );
     assert!(ok(&["policy", "check", out.to_str().unwrap()]).contains("tuned by adaptalloc tune"));
     let (md, svg) = (tmp("cmp/compare.md"), tmp("cmp/compare.svg"));
     ok(&[
@@ -536,4 +540,52 @@ fn compare_takes_a_cost_model_and_a_policy() {
     assert!(err.contains("bad-cost.toml") && err.contains("alloc"), "{err}");
     let err = fails(&["compare", a.to_str().unwrap(), "--policy", "no-such-preset"]);
     assert!(err.contains("no-such-preset") && err.contains("presets"), "{err}");
+}
+
+/// Advice that holds: `replay` says when the workload's peak does not fit the device, and a
+/// recommendation its own replay shows no better becomes "no change"; every recommendation
+/// kept says what its replay measured.
+#[test]
+fn the_report_recommends_only_what_its_replay_shows_better() {
+    let a = tmp("advice.csv");
+    ok(&["synth", "serving", "--out", a.to_str().unwrap()]);
+    let recommendation = |extra: &[&str]| -> String {
+        let mut args = vec!["replay", a.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let text = ok(&args);
+        text[text.find("## Recommendation").expect("a recommendation section")..].to_string()
+    };
+    // Under the footprint: no policy completes it, and no change is offered.
+    let small = recommendation(&["--capacity", "2GiB"]);
+    assert!(small.contains("does not fit this device (2GiB)"), "{small}");
+    assert!(!small.contains("To apply it"), "{small}");
+    // At 1.1x the report considers segregating slabs; its replay takes longer, so no change.
+    let tight = recommendation(&["--capacity-factor", "1.1"]);
+    assert!(
+        tight.contains("no change: replayed on this trace and device"),
+        "{tight}"
+    );
+    assert!(
+        !tight.contains("To apply it") && tight.contains("segregate = \"never\""),
+        "{tight}"
+    );
+    // Under a fixed caching policy, no slab key is ever recommended.
+    let cache = recommendation(&["--policy", "benchmark-unbounded", "--capacity-factor", "1.2"]);
+    assert!(!cache.contains("segregate slabs"), "{cache}");
+    // A recommendation that helps is kept, with what its replay measured (a recorded trace).
+    let fp32 = format!(
+        "{}/../../shared/traces/gpu-small-fwd-fp32.csv",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    if !std::path::Path::new(&fp32).exists() {
+        eprintln!("skipped the kept-recommendation check: {fp32} is absent");
+        return;
+    }
+    let text = ok(&["replay", &fp32, "--capacity-factor", "4"]);
+    assert!(text.contains("halve slab growth"), "{text}");
+    assert!(
+        text.contains("replayed on this trace and device, the recommended policy made 0 failed"),
+        "{text}"
+    );
+    assert!(text.contains("To apply it"), "{text}");
 }
