@@ -23,6 +23,7 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![deny(unsafe_code)]
 
+pub mod advice;
 pub mod compare;
 pub mod error;
 pub mod peers;

@@ -5,10 +5,8 @@ use std::sync::Arc;
 
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
-use adaptalloc::report::TuningReport;
 use adaptalloc::{Allocator, size::ByteSize};
 use adaptalloc_cli::compare::{Contender, passthrough_min_capacity};
-use adaptalloc_cli::trace::ReplayMetrics;
 use adaptalloc_cli::trace::{ReplayOptions, ReplayTarget, load, replay_with};
 use anyhow::Context;
 
@@ -112,7 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let a = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy.clone());
                 replay_with(&trace, &a, options, |i| dev.advance_clock(i))
             };
-            check_advice(&mut report, &used, &m, needed, capacity, replay_policy);
+            adaptalloc_cli::advice::check_advice(&mut report, &used, &m, needed, capacity, replay_policy);
             text += &format!("\n{report}");
             if let Some(path) = &args.report {
                 report
@@ -128,59 +126,4 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     crate::common::emit(&text)?;
     Ok(())
-}
-
-/// Advice that holds: says when the workload's peak footprint (`needed`, what passthrough's
-/// live blocks consume at most) does not fit the device, and otherwise replays the report's
-/// recommended policy (`replay`) on the same trace and device, keeping it only when it fails
-/// fewer allocations, or as many in less modelled driver time, than the run (`ran`); else the
-/// report recommends no change and says what the replay measured.
-fn check_advice(
-    report: &mut TuningReport,
-    used: &Policy,
-    ran: &ReplayMetrics,
-    needed: u64,
-    capacity: u64,
-    replay: impl Fn(&Policy) -> ReplayMetrics,
-) {
-    let mut same = report.recommended_policy.clone();
-    same.description.clone_from(&used.description);
-    if needed > capacity {
-        report.recommendations = vec![format!(
-            "the workload's peak footprint ({}) does not fit this device ({}): no policy completes it \
-             here; it needs a device of at least {} (passthrough's smallest)",
-            ByteSize(needed),
-            ByteSize(capacity),
-            ByteSize(needed)
-        )];
-        report.recommended_policy = used.clone();
-        report.recommends_change = false;
-        return;
-    }
-    if same == *used {
-        return;
-    }
-    let r = replay(&report.recommended_policy);
-    let ms = |m: &ReplayMetrics| m.modeled_driver_ns as f64 / 1e6;
-    let measured = format!(
-        "{} failed, {:.1} ms modelled driver time, against this run's {} failed, {:.1} ms",
-        r.failed_allocs,
-        ms(&r),
-        ran.failed_allocs,
-        ms(ran)
-    );
-    let better = r.failed_allocs < ran.failed_allocs
-        || (r.failed_allocs == ran.failed_allocs && r.modeled_driver_ns < ran.modeled_driver_ns);
-    if better {
-        report.recommendations.push(format!(
-            "replayed on this trace and device, the recommended policy made {measured}"
-        ));
-    } else {
-        let considered = report.recommendations.join("; ");
-        report.recommendations = vec![format!(
-            "no change: replayed on this trace and device, the changes considered ({considered}) made {measured}"
-        )];
-        report.recommended_policy = used.clone();
-        report.recommends_change = false;
-    }
 }

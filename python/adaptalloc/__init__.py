@@ -1,0 +1,173 @@
+"""adaptalloc: a GPU memory allocator with a policy engine.
+
+- ``library_path()``: the shared library that exports adaptalloc's C ABI (the file PyTorch's
+  ``CUDAPluggableAllocator`` loads; ``adaptalloc.torch.install()`` does that for you).
+- ``memory_stats()``, ``reset_peak_stats()``, ``empty_cache()``, ``synchronize_stream()``: the
+  allocator in this process, where PyTorch's own calls raise under a pluggable allocator.
+- ``analyze_snapshot()``: what adaptalloc, and the allocators people run, would do on a PyTorch
+  memory snapshot (the command line's ``adaptalloc compare --format json``); ``report()``: the
+  tuning report of one policy on it.
+
+Importing this package never imports torch. See docs/pytorch.md in the repository.
+"""
+
+import ctypes
+import json
+import os
+import pickle
+
+from . import _native
+
+__all__ = [
+    "library_path",
+    "memory_stats",
+    "reset_peak_stats",
+    "empty_cache",
+    "synchronize_stream",
+    "last_error",
+    "analyze_snapshot",
+    "report",
+]
+
+_STAT_FIELDS = (
+    "live_bytes",
+    "peak_live_bytes",
+    "reserved_bytes",
+    "peak_reserved_bytes",
+    "idle_bytes",
+    "live_blocks",
+    "driver_allocs",
+    "driver_frees",
+    "failed_allocs",
+    "oom_recoveries",
+    "stream_reclaims",
+    "stream_waits",
+)
+
+# The names PyTorch's torch.cuda.memory_stats() uses where the meaning is the same.
+_TORCH_NAMES = {
+    "live_bytes": "allocated_bytes.all.current",
+    "peak_live_bytes": "allocated_bytes.all.peak",
+    "reserved_bytes": "reserved_bytes.all.current",
+    "peak_reserved_bytes": "reserved_bytes.all.peak",
+    "idle_bytes": "inactive_split_bytes.all.current",
+    "live_blocks": "active.all.current",
+    "driver_allocs": "num_device_alloc",
+    "driver_frees": "num_device_free",
+    "oom_recoveries": "num_alloc_retries",
+}
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in _STAT_FIELDS]
+
+
+_lib = None
+
+
+def library_path():
+    """The path of the shared library exporting adaptalloc's C ABI (adaptalloc_malloc, ...)."""
+    return os.path.abspath(_native.__file__)
+
+
+def _c():
+    """The C ABI of this very library, through ctypes (the same allocators PyTorch uses)."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(library_path())
+        lib.adaptalloc_stats.restype = ctypes.c_int
+        lib.adaptalloc_stats.argtypes = [ctypes.c_int, ctypes.POINTER(_Stats)]
+        lib.adaptalloc_reset_peak_stats.restype = ctypes.c_int
+        lib.adaptalloc_reset_peak_stats.argtypes = [ctypes.c_int]
+        lib.adaptalloc_empty_cache.restype = ctypes.c_uint64
+        lib.adaptalloc_empty_cache.argtypes = []
+        lib.adaptalloc_synchronize_stream.restype = ctypes.c_int
+        lib.adaptalloc_synchronize_stream.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        lib.adaptalloc_last_error.restype = ctypes.c_char_p
+        lib.adaptalloc_last_error.argtypes = []
+        _lib = lib
+    return _lib
+
+
+def last_error():
+    """Why the last failing call on this thread failed, or None."""
+    e = _c().adaptalloc_last_error()
+    return e.decode() if e else None
+
+
+def _check(rc, what):
+    if rc != 0:
+        raise RuntimeError("adaptalloc: %s failed: %s" % (what, last_error() or "no allocator on that device yet"))
+
+
+def memory_stats(device=0):
+    """The allocator's statistics on ``device``, a dict: adaptalloc's names, plus PyTorch's
+    ``torch.cuda.memory_stats()`` names where the meaning is the same. RuntimeError when nothing
+    was allocated on ``device`` yet."""
+    s = _Stats()
+    _check(_c().adaptalloc_stats(int(device), ctypes.byref(s)), "memory_stats(device=%d)" % device)
+    out = {name: getattr(s, name) for name in _STAT_FIELDS}
+    for ours, theirs in _TORCH_NAMES.items():
+        out[theirs] = out[ours]
+    return out
+
+
+def reset_peak_stats(device=0):
+    """Restarts ``device``'s peak statistics from their current values."""
+    _check(_c().adaptalloc_reset_peak_stats(int(device)), "reset_peak_stats(device=%d)" % device)
+
+
+def empty_cache():
+    """Gives idle memory of every device back to the driver; returns the bytes released."""
+    return int(_c().adaptalloc_empty_cache())
+
+
+def synchronize_stream(stream, device=0):
+    """Says that ``stream``'s queued work is done (after you synchronized it): memory freed on
+    it then serves every stream. ``stream`` is a ``cudaStream_t`` as an int (``torch.cuda.Stream
+    .cuda_stream``) or 0 for the default stream."""
+    _check(
+        _c().adaptalloc_synchronize_stream(int(device), ctypes.c_void_p(int(stream) or None)),
+        "synchronize_stream(device=%d)" % device,
+    )
+
+
+def _source(snapshot):
+    """(path, data) for the native calls: a path, bytes of a pickled snapshot, or the dict
+    torch.cuda.memory._snapshot() returns."""
+    if isinstance(snapshot, (str, os.PathLike)):
+        return os.fspath(snapshot), None
+    if isinstance(snapshot, (bytes, bytearray, memoryview)):
+        return None, bytes(snapshot)
+    if isinstance(snapshot, dict):
+        return None, pickle.dumps(snapshot)
+    raise TypeError(
+        "snapshot: give a path, the bytes of a pickled snapshot, or the dict of "
+        "torch.cuda.memory._snapshot() (got %s)" % type(snapshot).__name__
+    )
+
+
+def analyze_snapshot(snapshot, capacity=None, capacity_factor=None, strategies=None, pytorch_conf=None):
+    """What adaptalloc's strategies and the allocators people run (PyTorch's, with
+    ``pytorch_conf`` as PYTORCH_CUDA_ALLOC_CONF; CUDA's pool; RMM; IREE) do on ``snapshot``, on a
+    simulated device of ``capacity`` bytes or ``capacity_factor`` x the snapshot's peak (80 GiB
+    when neither is given). The same structure as ``adaptalloc compare --format json``."""
+    path, data = _source(snapshot)
+    text = _native.compare_json(
+        path=path,
+        data=data,
+        capacity=capacity,
+        capacity_factor=capacity_factor,
+        strategies=list(strategies) if strategies is not None else None,
+        pytorch_conf=pytorch_conf,
+    )
+    return json.loads(text)
+
+
+def report(snapshot, capacity=None, capacity_factor=None, policy=None):
+    """The tuning report (Markdown) of the default policy, or ``policy`` (a preset name or a
+    policy file), replaying ``snapshot`` on a simulated device."""
+    path, data = _source(snapshot)
+    return _native.report_markdown(
+        path=path, data=data, capacity=capacity, capacity_factor=capacity_factor, policy=policy
+    )

@@ -1,0 +1,124 @@
+//! The extension module of the `adaptalloc` Python package (`adaptalloc._native`): snapshot
+//! analysis through the command line's lab, and, compiled into the same shared library, the C
+//! ABI (`capi/src/lib.rs`, declared in `include/adaptalloc.h`) that PyTorch's
+//! `CUDAPluggableAllocator` loads by this file's path (`adaptalloc.library_path()`).
+
+// The C ABI: FFI entry points (their own `unsafe` blocks, each with its SAFETY comment).
+#[path = "../../capi/src/lib.rs"]
+mod capi;
+
+use std::path::Path;
+
+use adaptalloc_cli::compare::{Capacity, CompareOptions, Contender, compare};
+use adaptalloc_cli::peers::PytorchConf;
+use adaptalloc_cli::trace::{Trace, load, parse_snapshot};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// A trace from a path (a snapshot, CSV or RMM log) or from the bytes of a pickled snapshot.
+fn trace_of(path: Option<&str>, bytes: Option<&[u8]>) -> PyResult<Trace> {
+    let err = |e: String| PyValueError::new_err(e);
+    match (path, bytes) {
+        (Some(p), None) => load(Path::new(p), false).map_err(|e| err(e.to_string())),
+        (None, Some(b)) => parse_snapshot(b, "snapshot").map_err(|e| err(e.to_string())),
+        _ => Err(err("give a snapshot as a path or as bytes, not both".into())),
+    }
+}
+
+/// The device size: `capacity` bytes, or `capacity_factor` x each trace's peak live bytes, or
+/// the command line's default (80 GiB).
+fn capacity_of(capacity: Option<u64>, factor: Option<f64>) -> PyResult<Capacity> {
+    match (capacity, factor) {
+        (Some(_), Some(_)) => Err(PyValueError::new_err("give capacity or capacity_factor, not both")),
+        (Some(0), None) => Err(PyValueError::new_err("capacity must be more than 0 bytes")),
+        (Some(b), None) => Ok(Capacity::Bytes(b)),
+        (None, Some(f)) if !(f.is_finite() && f > 0.0) => Err(PyValueError::new_err(format!(
+            "capacity_factor must be a positive number (got {f})"
+        ))),
+        (None, Some(f)) => Ok(Capacity::Factor(f)),
+        (None, None) => Ok(Capacity::default()),
+    }
+}
+
+/// `adaptalloc compare --format json` on one snapshot: every strategy and peer (or
+/// `strategies`), as a JSON string.
+#[pyfunction]
+#[pyo3(signature = (path=None, data=None, capacity=None, capacity_factor=None, strategies=None, pytorch_conf=None))]
+fn compare_json(
+    path: Option<&str>,
+    data: Option<&[u8]>,
+    capacity: Option<u64>,
+    capacity_factor: Option<f64>,
+    strategies: Option<Vec<String>>,
+    pytorch_conf: Option<&str>,
+) -> PyResult<String> {
+    let trace = trace_of(path, data)?;
+    let contenders = match strategies {
+        None => Contender::all(),
+        Some(names) => names
+            .iter()
+            .map(|n| {
+                Contender::parse(n).ok_or_else(|| {
+                    PyValueError::new_err(format!("unknown strategy {n:?}; known: {}", Contender::known()))
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?,
+    };
+    let pytorch_conf: PytorchConf = pytorch_conf
+        .unwrap_or("")
+        .parse()
+        .map_err(|e: adaptalloc_cli::peers::pytorch::ConfError| PyValueError::new_err(e.to_string()))?;
+    let opts = CompareOptions {
+        contenders,
+        capacity: capacity_of(capacity, capacity_factor)?,
+        pytorch_conf,
+        ..CompareOptions::default()
+    };
+    serde_json::to_string(&compare(&[trace], &opts)).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The tuning report (Markdown) of the default policy, or `policy` (a preset name or a policy
+/// file), replaying one snapshot; its recommendation replayed as `adaptalloc replay` does
+/// ([`adaptalloc_cli::advice::check_advice`]).
+#[pyfunction]
+#[pyo3(signature = (path=None, data=None, capacity=None, capacity_factor=None, policy=None))]
+fn report_markdown(
+    path: Option<&str>,
+    data: Option<&[u8]>,
+    capacity: Option<u64>,
+    capacity_factor: Option<f64>,
+    policy: Option<&str>,
+) -> PyResult<String> {
+    use std::sync::Arc;
+
+    use adaptalloc_cli::compare::passthrough_min_capacity;
+    use adaptalloc_cli::trace::replay;
+    use adaptalloc_core::device::{Device, Granularity, SimDevice};
+    use adaptalloc_core::{Allocator, policy::Policy};
+    let trace = trace_of(path, data)?;
+    let policy = match policy {
+        Some(p) => Policy::load(p).map_err(|e| PyValueError::new_err(e.to_string()))?,
+        None => Policy::default(),
+    };
+    let g = Granularity::default();
+    let cap = capacity_of(capacity, capacity_factor)?.bytes_for(trace.peak_live_bytes(), g.large_granule);
+    let run = |p: &Policy| {
+        let alloc = Allocator::with_policy(Arc::new(SimDevice::new(cap)) as Arc<dyn Device>, p.clone());
+        let m = replay(&trace, &alloc);
+        (m, alloc)
+    };
+    let (m, alloc) = run(&policy);
+    let mut report = alloc
+        .report()
+        .ok_or_else(|| PyValueError::new_err("the policy engine made no report"))?;
+    let needed = passthrough_min_capacity(&trace, g);
+    adaptalloc_cli::advice::check_advice(&mut report, &policy, &m, needed, cap, |p| run(p).0);
+    Ok(report.to_string())
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(compare_json, m)?)?;
+    m.add_function(wrap_pyfunction!(report_markdown, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,143 @@
+"""The `adaptalloc` Python package (pip install ./python), with pytest. No torch and no GPU needed:
+allocation runs on a simulated device (ADAPTALLOC_DEVICE=sim:1GiB, in a child process, since the
+C ABI reads its environment once per process); snapshot analysis is checked against the command
+line (target/release/adaptalloc, built by `cargo build --release`) on every snapshot in
+../shared/traces/snapshots (skipped, saying so, where that folder is absent)."""
+
+import ctypes
+import glob
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+import adaptalloc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SNAPSHOTS = sorted(glob.glob(os.path.join(ROOT, "..", "shared", "traces", "snapshots", "*.pickle")))
+CLI = os.path.join(ROOT, "target", "release", "adaptalloc")
+
+
+def without_timing(result):
+    """A compare result without its wall-clock times (they differ from run to run) and with the
+    trace's name left out (a snapshot given as bytes has none)."""
+    for t in result["traces"]:
+        t["trace"] = "-"
+        for r in t["results"]:
+            r.pop("wall_ns")
+    return result
+
+
+def test_the_library_exports_the_c_abi():
+    lib = ctypes.CDLL(adaptalloc.library_path())
+    for name in ("adaptalloc_malloc", "adaptalloc_free", "adaptalloc_stats", "adaptalloc_empty_cache",
+                 "adaptalloc_reset_peak_stats", "adaptalloc_synchronize_stream", "adaptalloc_record_stream",
+                 "adaptalloc_last_error"):
+        assert hasattr(lib, name), name
+
+
+CHILD = r"""
+import ctypes, json, adaptalloc
+lib = ctypes.CDLL(adaptalloc.library_path())
+lib.adaptalloc_malloc.restype = ctypes.c_void_p
+lib.adaptalloc_malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+lib.adaptalloc_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+try:
+    adaptalloc.memory_stats(0)
+    raise SystemExit("stats before any allocation should raise")
+except RuntimeError as e:
+    before = str(e)
+ptrs = [lib.adaptalloc_malloc(1 << 20, 0, None) for _ in range(8)]
+assert all(ptrs) and len(set(ptrs)) == 8, ptrs
+s = adaptalloc.memory_stats(0)
+for p in ptrs[:6]:
+    lib.adaptalloc_free(p, 1 << 20, 0, None)
+adaptalloc.synchronize_stream(0)
+released = adaptalloc.empty_cache()
+after_free = adaptalloc.memory_stats(0)
+adaptalloc.reset_peak_stats(0)
+reset = adaptalloc.memory_stats(0)
+for p in ptrs[6:]:
+    lib.adaptalloc_free(p, 1 << 20, 0, None)
+print(json.dumps(dict(before=before, s=s, released=released, after_free=after_free, reset=reset)))
+"""
+
+
+def test_allocation_stats_reset_empty_cache_and_synchronize_on_a_simulated_device():
+    env = dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB")
+    env.pop("ADAPTALLOC_POLICY", None)
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert "memory_stats(device=0)" in r["before"]
+    s = r["s"]
+    assert s["live_bytes"] == 8 << 20 and s["live_blocks"] == 8
+    assert s["allocated_bytes.all.current"] == s["live_bytes"], "PyTorch's name for the same figure"
+    assert s["failed_allocs"] == 0 and s["reserved_bytes"] >= s["live_bytes"]
+    assert r["after_free"]["live_bytes"] == 2 << 20
+    assert r["released"] >= 0 and r["after_free"]["idle_bytes"] == 0, "empty_cache gave idle memory back"
+    assert r["reset"]["peak_live_bytes"] == 2 << 20, "the peak restarts from the current value"
+
+
+@pytest.mark.skipif(not SNAPSHOTS, reason="../shared/traces/snapshots is absent")
+@pytest.mark.skipif(not os.path.exists(CLI), reason="target/release/adaptalloc is not built")
+@pytest.mark.parametrize("snapshot", SNAPSHOTS, ids=os.path.basename)
+def test_analysis_equals_the_command_line(snapshot):
+    ours = adaptalloc.analyze_snapshot(snapshot, capacity_factor=1.5)
+    cli = subprocess.run([CLI, "compare", snapshot, "--capacity-factor", "1.5", "--format", "json"],
+                         capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stderr
+    assert ours["traces"][0]["trace"] == os.path.basename(snapshot)
+    assert without_timing(ours) == without_timing(json.loads(cli.stdout))
+
+
+@pytest.mark.skipif(not SNAPSHOTS, reason="../shared/traces/snapshots is absent")
+def test_a_snapshot_as_bytes_or_as_a_dict_gives_the_same_analysis():
+    path = SNAPSHOTS[0]
+    args = dict(capacity=64 << 30, strategies=["adaptive", "pytorch", "pytorch-expandable"],
+                pytorch_conf="max_split_size_mb:128")
+    by_path = without_timing(adaptalloc.analyze_snapshot(path, **args))
+    with open(path, "rb") as f:
+        data = f.read()
+    assert without_timing(adaptalloc.analyze_snapshot(data, **args)) == by_path
+    assert without_timing(adaptalloc.analyze_snapshot(pickle.loads(data), **args)) == by_path
+    assert [r["strategy"] for r in by_path["traces"][0]["results"]] == args["strategies"]
+    text = adaptalloc.report(path, capacity_factor=2.0, policy="training")
+    assert text.startswith("# adaptalloc tuning report") and "## Recommendation" in text
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(TypeError, match="snapshot: give a path"):
+        adaptalloc.analyze_snapshot(42)
+    with pytest.raises(ValueError, match="no-such-file.pickle"):
+        adaptalloc.analyze_snapshot("no-such-file.pickle")
+    with pytest.raises(ValueError, match="snapshot: not a readable pickle"):
+        adaptalloc.analyze_snapshot(b"not a pickle at all")
+    path = SNAPSHOTS[0] if SNAPSHOTS else None
+    if path:
+        with pytest.raises(ValueError, match="unknown strategy \"nope\"; known: "):
+            adaptalloc.analyze_snapshot(path, strategies=["nope"])
+        with pytest.raises(ValueError, match="capacity_factor must be a positive number"):
+            adaptalloc.analyze_snapshot(path, capacity_factor=-1.0)
+        with pytest.raises(ValueError, match="expandable_segmentz"):
+            adaptalloc.analyze_snapshot(path, pytorch_conf="expandable_segmentz:True")
+        with pytest.raises(ValueError, match="presets"):
+            adaptalloc.report(path, policy="no-such-preset")
+
+
+def test_importing_the_package_does_not_import_torch():
+    out = subprocess.run([sys.executable, "-c", "import sys, adaptalloc, adaptalloc.torch; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_the_torch_allocator_where_torch_imports():
+    torch = pytest.importorskip("torch", reason="torch is not installed here")
+    import adaptalloc.torch
+
+    alloc = adaptalloc.torch.allocator()
+    assert isinstance(alloc, torch.cuda.memory.CUDAPluggableAllocator)
