@@ -14,26 +14,45 @@ pub enum DeviceError {
          free memory or lower the request"
     )]
     OutOfMemory {
+        /// The bytes asked for.
         requested: ByteSize,
+        /// The device's free memory when it refused.
         free: ByteSize,
+        /// The device's memory in all.
         total: ByteSize,
     },
 
     /// A fault injected by a test (SimDevice), reported like a driver out-of-memory.
     #[error("injected driver failure on driver allocation #{nth} (asked for {requested}); this is a test fault")]
-    InjectedFault { requested: ByteSize, nth: u64 },
+    InjectedFault {
+        /// The bytes asked for.
+        requested: ByteSize,
+        /// Which driver allocation attempt failed (1 = the first).
+        nth: u64,
+    },
 
     /// No CUDA driver library could be loaded on this machine.
     #[error("no CUDA driver found ({reason}); install the NVIDIA driver or use SimDevice")]
-    NoDriver { reason: String },
+    NoDriver {
+        /// Why the driver library could not be loaded.
+        reason: String,
+    },
 
     /// A driver call returned an error code.
     #[error("CUDA driver call {call} failed with {code}; check the device ordinal and driver state")]
-    Driver { call: &'static str, code: String },
+    Driver {
+        /// The driver call, e.g. `cuMemAlloc_v2`.
+        call: &'static str,
+        /// The error code it returned.
+        code: String,
+    },
 
     /// The device was asked to free a pointer it did not hand out.
     #[error("device pointer {ptr:#x} was not allocated by this device (or was freed already)")]
-    UnknownPointer { ptr: u64 },
+    UnknownPointer {
+        /// The pointer.
+        ptr: u64,
+    },
 }
 
 impl DeviceError {
@@ -49,12 +68,18 @@ impl DeviceError {
 /// An error from the public [`Allocator`](crate::Allocator).
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum AllocError {
+    /// A request of 0 bytes.
     #[error("zero-byte allocation requested; ask for at least 1 byte")]
     ZeroSize,
 
     /// Permanent: the request can never fit on this device.
     #[error("request of {requested} can never fit: the device has {capacity} in total")]
-    TooLarge { requested: ByteSize, capacity: ByteSize },
+    TooLarge {
+        /// The bytes asked for.
+        requested: ByteSize,
+        /// The device's memory in all.
+        capacity: ByteSize,
+    },
 
     /// Transient: the device is full right now. Freeing memory (or, for other tenants, waiting)
     /// may let the same request succeed.
@@ -65,36 +90,65 @@ pub enum AllocError {
          a policy with a smaller cache. Cause: {cause}"
     )]
     OutOfMemory {
+        /// The bytes asked for.
         requested: ByteSize,
+        /// What this allocator's callers hold.
         live: ByteSize,
+        /// What this allocator holds from the device.
         reserved: ByteSize,
+        /// Reserved but not live (given back before failing, where it could be).
         idle: ByteSize,
+        /// The largest free block this allocator holds.
         largest_free: ByteSize,
+        /// The device's free memory.
         device_free: ByteSize,
+        /// The device's memory in all.
         device_total: ByteSize,
         /// The device's refusal. Shown in the message, and not a `source()`: an error chain
         /// printed cause by cause would show it twice.
         cause: DeviceError,
     },
 
+    /// A free (or a stream call) of a pointer this allocator does not hold.
     #[error("pointer {ptr:#x} is not a live allocation of this allocator (never allocated here, or already freed)")]
-    UnknownPointer { ptr: u64 },
+    UnknownPointer {
+        /// The pointer.
+        ptr: u64,
+    },
 
+    /// A free on another stream than the allocation's.
     #[error(
         "pointer {ptr:#x} was allocated on stream {allocated_on} but freed on stream {freed_on}; free it on the stream it was allocated on"
     )]
-    StreamMismatch { ptr: u64, allocated_on: u64, freed_on: u64 },
+    StreamMismatch {
+        /// The pointer.
+        ptr: u64,
+        /// The stream it was allocated on.
+        allocated_on: u64,
+        /// The stream the free named.
+        freed_on: u64,
+    },
 
     /// A request whose size in bytes does not fit in 64 bits (`len` elements of `elem_bytes`).
     #[error("{len} elements of {elem_bytes} bytes overflow a 64-bit size; ask for fewer")]
-    SizeOverflow { len: u64, elem_bytes: u64 },
+    SizeOverflow {
+        /// Elements asked for.
+        len: u64,
+        /// Bytes per element.
+        elem_bytes: u64,
+    },
 
     /// Memory of an allocator on one device asked for on a stream of another (or the allocator's
     /// device is not a CUDA device).
     #[error(
         "the allocator's device ({allocator}) is not the stream's CUDA device {stream_device}; use an allocator of that device"
     )]
-    WrongDevice { allocator: String, stream_device: u64 },
+    WrongDevice {
+        /// The allocator's device, by name.
+        allocator: String,
+        /// The stream's CUDA device ordinal.
+        stream_device: u64,
+    },
 
     /// A device error that is not out-of-memory (no driver, a driver failure).
     #[error(transparent)]
@@ -111,26 +165,49 @@ impl AllocError {
 /// An error in a configuration value or file (policy, cost model, workload).
 #[derive(Debug, Clone, Error, PartialEq)]
 pub enum ConfigError {
+    /// A size that does not parse.
     #[error("bad size {text:?}: {reason} (examples: \"512MiB\", \"1.5GiB\", 4096)")]
-    BadSize { text: String, reason: String },
+    BadSize {
+        /// The text given.
+        text: String,
+        /// Why it is not a size.
+        reason: String,
+    },
 
+    /// A file that cannot be read.
     #[error("{file}: cannot read: {reason}")]
-    Read { file: String, reason: String },
+    Read {
+        /// The file (or the name given for it).
+        file: String,
+        /// Why.
+        reason: String,
+    },
 
+    /// A file that is not valid TOML for its schema.
     #[error("{file}:{line}:{column}: {message}{}", key.as_ref().map(|k| format!(" (key `{k}`)")).unwrap_or_default())]
     Parse {
+        /// The file.
         file: String,
+        /// Line of the error, from 1.
         line: usize,
+        /// Column of the error, from 1.
         column: usize,
+        /// The key at fault, dotted (`bounds.max_idle`), where known.
         key: Option<String>,
+        /// What is wrong.
         message: String,
     },
 
+    /// A value that parses but is out of range or inconsistent.
     #[error("{file}: `{key}` = {value}: {reason}")]
     Invalid {
+        /// The file.
         file: String,
+        /// The key, dotted.
         key: String,
+        /// The value given.
         value: String,
+        /// Why it is refused, and what would be accepted.
         reason: String,
     },
 }

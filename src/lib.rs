@@ -36,6 +36,7 @@
 //! ```
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod allocator;
 pub mod config;

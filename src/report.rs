@@ -16,7 +16,9 @@ use crate::strategy::StrategyKind;
 /// Driver calls and time, against what passthrough would have done for the same requests.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct DriverSummary {
+    /// Driver allocations (page maps included).
     pub driver_allocs: u64,
+    /// Driver frees (page unmaps included).
     pub driver_frees: u64,
     /// One driver allocation per request and one free per free.
     pub passthrough_calls: u64,
@@ -27,6 +29,7 @@ pub struct DriverSummary {
     /// Passthrough's driver time for the same requests, modelled with the default cost model
     /// from each class's mean size.
     pub passthrough_modeled_ns: u64,
+    /// Passthrough's modelled time less ours (negative when ours took longer).
     pub saved_ns: i64,
     /// Driver calls and time by kind of operation (the kinds with calls), dearest first.
     pub by_kind: Vec<KindTime>,
@@ -35,8 +38,11 @@ pub struct DriverSummary {
 /// Calls and time of one kind of driver operation (a key of the cost model).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct KindTime {
+    /// The kind, a key of the cost model (`alloc`, `create`, ...).
     pub kind: &'static str,
+    /// Calls of the kind.
     pub calls: u64,
+    /// Their time, ns.
     pub ns: u64,
 }
 
@@ -73,33 +79,51 @@ pub fn by_kind_line(kinds: &[KindTime], n: usize) -> String {
 /// Memory at its peaks.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct MemorySummary {
+    /// The most bytes live at once.
     pub peak_live_bytes: u64,
+    /// The most bytes held from the device at once.
     pub peak_reserved_bytes: u64,
+    /// Peak reserved over peak live.
     pub reserved_over_live: f64,
+    /// The most bytes held and not live at once.
     pub peak_idle_bytes: u64,
+    /// The free memory the policy keeps for others, on this device.
     pub headroom_bytes: u64,
 }
 
 /// Hits and misses of one strategy.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct HitRate {
+    /// The strategy.
     pub strategy: StrategyKind,
+    /// Requests served without a driver call.
     pub hits: u64,
+    /// Requests that made driver calls.
     pub misses: u64,
+    /// Hits over requests.
     pub hit_rate: f64,
 }
 
 /// Everything a run taught, and what to do next time.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct TuningReport {
+    /// The device, by name.
     pub device: String,
+    /// Its memory in all.
     pub device_total_bytes: u64,
+    /// The policy used (its description).
     pub policy: String,
+    /// Allocations and frees in all.
     pub operations: u64,
+    /// Allocations.
     pub requests: u64,
+    /// Frees.
     pub frees: u64,
+    /// Allocations refused.
     pub failed_allocs: u64,
+    /// Out-of-memory errors recovered from by releasing idle memory and retrying.
     pub oom_recoveries: u64,
+    /// Times free memory fell under the low watermark.
     pub pressure_events: u64,
     /// Slab placements the strand guard refused (each served by an exact-size block instead).
     pub strand_refusals: u64,
@@ -108,19 +132,27 @@ pub struct TuningReport {
     /// Idle memory given back because of the policy's bounds: by the engine at its samples, and
     /// by the cache and the slabs on frees (idle over `bounds.max_idle`).
     pub bytes_released_by_bounds: u64,
+    /// Samples of the device's free memory.
     pub mem_info_samples: u64,
+    /// Driver calls and time.
     pub driver: DriverSummary,
+    /// Memory at its peaks.
     pub memory: MemorySummary,
+    /// Hits and misses per strategy.
     pub hit_rates: Vec<HitRate>,
     /// Size histogram and per-class behaviour: one entry per power-of-two class.
     pub classes: Vec<ClassSummary>,
+    /// Size classes changing route, and why.
     pub route_changes: Vec<RouteChange>,
+    /// Memory given back, and why.
     pub decisions: Vec<Decision>,
+    /// Memory over the run.
     pub timeline: Vec<TimelinePoint>,
     /// Why the recommended policy differs from the one used.
     pub recommendations: Vec<String>,
     /// Whether the recommended policy differs from the one used.
     pub recommends_change: bool,
+    /// The recommended policy, in the policy schema (the one used when no change is recommended).
     pub recommended_policy: Policy,
 }
 
@@ -312,6 +344,7 @@ impl TuningReport {
         serde_json::to_string_pretty(self).expect("a report always serializes")
     }
 
+    /// The report as TOML.
     pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
         toml::to_string_pretty(self)
     }

@@ -1,10 +1,12 @@
 //! SplitMix64: a tiny, seeded, well-mixed random sequence for fault injection, synthetic
 //! workloads and tests. Not for cryptography; the same seed always gives the same sequence.
 
+/// The generator; its field is the state (seed it with any value).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
+    /// The next number of the sequence.
     #[inline]
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);

@@ -10,9 +10,13 @@ use crate::error::ConfigError;
 /// Every pointer adaptalloc hands out is aligned to this many bytes (what `cudaMalloc` guarantees).
 pub const ALIGNMENT: u64 = 256;
 
+/// 1024 bytes.
 pub const KIB: u64 = 1 << 10;
+/// 1024 KiB.
 pub const MIB: u64 = 1 << 20;
+/// 1024 MiB.
 pub const GIB: u64 = 1 << 30;
+/// 1024 GiB.
 pub const TIB: u64 = 1 << 40;
 
 /// Rounds `value` up to a multiple of `align` (a power of two). Saturates at the largest multiple
@@ -48,6 +52,7 @@ pub fn round_up(value: u64, granule: u64) -> u64 {
 pub struct ByteSize(pub u64);
 
 impl ByteSize {
+    /// The size in bytes.
     pub const fn bytes(self) -> u64 {
         self.0
     }

@@ -9,12 +9,16 @@ use crate::strategy::StrategyKind;
 /// increases (for blocks: how many were ever allocated; for bytes: how many were ever asked).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counter {
+    /// The value now.
     pub current: u64,
+    /// The highest it has been (since the last peak reset).
     pub peak: u64,
+    /// The sum of all increases.
     pub total: u64,
 }
 
 impl Counter {
+    /// Adds `n`, raising the peak when passed.
     #[inline]
     pub fn add(&mut self, n: u64) {
         self.current += n;
@@ -24,6 +28,7 @@ impl Counter {
         }
     }
 
+    /// Takes away `n` (never more than the value now).
     #[inline]
     pub fn sub(&mut self, n: u64) {
         debug_assert!(self.current >= n, "counter underflow: {} - {n}", self.current);
@@ -51,7 +56,9 @@ impl Counter {
 /// Per-strategy request outcomes: a hit is served without a driver call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct StrategyStats {
+    /// Requests served without a driver call.
     pub hits: u64,
+    /// Requests that made driver calls.
     pub misses: u64,
 }
 
@@ -74,6 +81,7 @@ pub struct Stats {
     pub rounding_bytes: u64,
     /// Driver allocations and frees made by this allocator.
     pub driver_allocs: u64,
+    /// Driver frees made by this allocator (page unmaps included).
     pub driver_frees: u64,
     /// Out-of-memory errors on which idle memory was released and the request retried.
     pub oom_recoveries: u64,
@@ -86,6 +94,7 @@ pub struct Stats {
     /// had completed (queried, never waited on), and waits on a stream's work before failing a
     /// request for want of memory held for it.
     pub stream_reclaims: u64,
+    /// Waits on a stream's work before failing a request (see `stream_reclaims`).
     pub stream_waits: u64,
     /// Streams with memory freed on them that only they may use until their work is known done.
     pub streams_remembered: u64,

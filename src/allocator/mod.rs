@@ -25,8 +25,11 @@ use crate::strategy::{
 /// Which strategy serves requests, with its settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum StrategyConfig {
+    /// Every request a driver allocation, every free a driver free.
     Passthrough,
+    /// Freed blocks kept and reused by requests of their size class.
     Caching(CachingConfig),
+    /// Blocks carved from slabs (large driver allocations).
     Suballoc(SuballocConfig),
 }
 
@@ -52,6 +55,7 @@ impl StrategyConfig {
 /// How an [`Allocator`] is built.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AllocatorConfig {
+    /// The strategy and its settings.
     pub strategy: StrategyConfig,
     /// On a device out-of-memory, release idle memory (cached blocks, then empty slabs) and retry
     /// once before failing. `false` models opt-in caching allocators that never give memory back.
@@ -59,6 +63,7 @@ pub struct AllocatorConfig {
 }
 
 impl AllocatorConfig {
+    /// `strategy`, releasing idle memory and retrying on out-of-memory.
     pub fn new(strategy: StrategyConfig) -> Self {
         AllocatorConfig {
             strategy,
@@ -212,6 +217,7 @@ pub struct Allocator {
 }
 
 impl Allocator {
+    /// An allocator of one fixed strategy on `device` (no policy engine; see [`Allocator::with_policy`]).
     pub fn new(device: Arc<dyn Device>, config: AllocatorConfig) -> Self {
         Self::from_parts(device, &[config.strategy], config.release_on_oom)
     }
@@ -677,6 +683,7 @@ impl Allocation {
     pub fn is_empty(&self) -> bool {
         self.bytes == 0
     }
+    /// The stream the block was allocated on (and must be freed on).
     pub fn stream(&self) -> StreamId {
         self.stream
     }

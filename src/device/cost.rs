@@ -20,6 +20,7 @@ pub struct CostCurve {
 }
 
 impl CostCurve {
+    /// The same `ns` at every size.
     pub fn flat(ns: u64) -> Self {
         CostCurve {
             points: vec![(ByteSize(1), ns)],
@@ -182,6 +183,7 @@ impl CostModel {
         }
     }
 
+    /// A model from TOML text (`file` names it in errors); every curve is checked.
     pub fn from_toml_str(text: &str, file: &str) -> Result<Self, ConfigError> {
         let model: CostModel = crate::config::parse(text, file)?;
         model.alloc.validate(file, "alloc.points")?;
@@ -190,11 +192,13 @@ impl CostModel {
         Ok(model)
     }
 
+    /// A model from a file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let (file, text) = crate::config::read_file(path)?;
         Self::from_toml_str(&text, &file)
     }
 
+    /// A cuMemAlloc of `bytes`.
     pub fn alloc_ns(&self, bytes: u64) -> u64 {
         self.alloc.ns(bytes)
     }

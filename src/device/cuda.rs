@@ -105,6 +105,7 @@ impl CudaDevice {
         })
     }
 
+    /// The CUDA device ordinal.
     pub fn ordinal(&self) -> i32 {
         self.ordinal
     }

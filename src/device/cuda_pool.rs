@@ -27,6 +27,7 @@ unsafe impl Send for CudaPool {}
 unsafe impl Sync for CudaPool {}
 
 impl CudaPool {
+    /// The device's default stream-ordered pool, its release threshold at its maximum.
     pub fn new(cuda: Arc<CudaDevice>) -> Result<Self, DeviceError> {
         let _current = cuda.make_current()?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();

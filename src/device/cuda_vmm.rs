@@ -259,12 +259,19 @@ impl VirtualMemory for CudaDevice {
 /// writes into a cost model's `[vmm]` table).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VmmTimings {
+    /// cuMemAddressReserve.
     pub reserve_ns: u64,
+    /// cuMemAddressFree.
     pub unreserve_ns: u64,
+    /// cuMemCreate of one handle.
     pub create_ns: u64,
+    /// cuMemMap of one handle.
     pub map_ns: u64,
+    /// cuMemSetAccess of one mapping.
     pub set_access_ns: u64,
+    /// cuMemUnmap of one mapping.
     pub unmap_ns: u64,
+    /// cuMemRelease of one handle.
     pub release_ns: u64,
     /// cuCtxSynchronize on an idle device: the floor of the wait before unmapping.
     pub sync_ns: u64,

@@ -17,7 +17,7 @@ mod metered;
 mod ops;
 mod sim;
 
-pub use cost::{CostCurve, CostModel};
+pub use cost::{CostCurve, CostModel, VmmCosts};
 pub use cuda::CudaDevice;
 pub use cuda_pool::CudaPool;
 pub use cuda_vmm::VmmTimings;
@@ -33,7 +33,9 @@ pub type DevicePtr = u64;
 /// Free and total bytes of the device, as `cuMemGetInfo` reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct MemInfo {
+    /// Free bytes.
     pub free: u64,
+    /// Bytes in all.
     pub total: u64,
 }
 
@@ -80,7 +82,7 @@ pub trait VirtualMemory: Send + Sync {
     }
     /// Returns the physical memory behind `ptr..ptr+bytes` to the device; the range holds
     /// whole mappings (every page mapped by [`map`](VirtualMemory::map), or whole handles
-    /// mapped by [`map_handle`](VirtualMemory::map_handle)).
+    /// mapped by [`map_handles`](VirtualMemory::map_handles)).
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
     /// Maps the physical pages already mapped at `src..src+bytes` a second time, at
     /// `ptr..ptr+bytes` (page-aligned, inside a reservation, unmapped): both ranges then show

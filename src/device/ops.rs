@@ -6,7 +6,9 @@ use serde::Serialize;
 /// One kind of driver operation: how many calls, and their time in ns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct OpTally {
+    /// Calls.
     pub calls: u64,
+    /// Their time, ns.
     pub ns: u64,
 }
 

@@ -17,8 +17,11 @@ use crate::size::{ByteSize, GIB, MIB, align_up, round_up};
 /// packed by the driver into shared pages and consume `bytes` rounded up to 512 B.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Granularity {
+    /// Allocations of at least this many bytes consume whole large granules.
     pub large_threshold: u64,
+    /// The large granule (a CUDA page: 2 MiB).
     pub large_granule: u64,
+    /// The step smaller allocations consume in shared pages.
     pub small_granule: u64,
 }
 
@@ -58,8 +61,22 @@ pub struct FaultPlan {
 /// `bytes` under `tag`, or returns what it holds under `tag`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TenantAction {
-    Take { at: u64, tag: u32, bytes: u64 },
-    Release { at: u64, tag: u32 },
+    /// Takes `bytes` at clock `at`, under `tag`.
+    Take {
+        /// When.
+        at: u64,
+        /// Whose.
+        tag: u32,
+        /// How much.
+        bytes: u64,
+    },
+    /// Returns everything held under `tag` at clock `at`.
+    Release {
+        /// When.
+        at: u64,
+        /// Whose.
+        tag: u32,
+    },
 }
 
 impl TenantAction {
@@ -73,7 +90,9 @@ impl TenantAction {
 /// What was still allocated from the device: by the allocator (driver blocks) and by tenants.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeakReport {
+    /// Driver allocations and address reservations still live.
     pub blocks: u64,
+    /// Their bytes.
     pub bytes: u64,
 }
 
@@ -151,18 +170,22 @@ impl SimDeviceBuilder {
         self.vmm = on;
         self
     }
+    /// The device's memory in all.
     pub fn capacity(mut self, bytes: u64) -> Self {
         self.capacity = bytes;
         self
     }
+    /// How driver allocations consume memory.
     pub fn granularity(mut self, g: Granularity) -> Self {
         self.granularity = g;
         self
     }
+    /// The prices of driver calls.
     pub fn cost_model(mut self, cost: CostModel) -> Self {
         self.cost = cost;
         self
     }
+    /// Driver failures to inject.
     pub fn faults(mut self, faults: FaultPlan) -> Self {
         self.faults = faults;
         self
@@ -173,6 +196,7 @@ impl SimDeviceBuilder {
         self.script = script;
         self
     }
+    /// The device.
     pub fn build(self) -> SimDevice {
         let align = self.granularity.large_granule.max(crate::size::ALIGNMENT);
         SimDevice {
@@ -205,6 +229,7 @@ impl SimDeviceBuilder {
 }
 
 impl SimDevice {
+    /// A builder with the defaults (16 GiB, CUDA-like granularity, the default cost model).
     pub fn builder() -> SimDeviceBuilder {
         SimDeviceBuilder {
             capacity: 16 * GIB,
@@ -227,14 +252,17 @@ impl SimDevice {
         self.quiesces.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The device's memory in all.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
+    /// How driver allocations consume memory.
     pub fn granularity_model(&self) -> Granularity {
         self.granularity
     }
 
+    /// The prices it charges.
     pub fn cost_model(&self) -> &CostModel {
         &self.cost
     }

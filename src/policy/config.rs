@@ -14,7 +14,9 @@ use crate::strategy::StrategyKind;
 /// A size, or a fraction of the device's total memory ("5%", 0.05).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum SizeOrFraction {
+    /// A size in bytes ("512MiB").
     Bytes(u64),
+    /// A share of the device's memory ("25%" or 0.25).
     Fraction(f64),
 }
 
@@ -126,13 +128,18 @@ pub struct RoutingPolicy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RoutingMode {
+    /// The engine routes each size class.
     Adaptive,
+    /// Every request to the driver.
     Passthrough,
+    /// Every request to the cache.
     Caching,
+    /// Every request to the suballocator.
     Suballoc,
 }
 
 impl RoutingMode {
+    /// The one strategy a fixed mode sends every request to; None under adaptive routing.
     pub fn fixed(self) -> Option<StrategyKind> {
         match self {
             RoutingMode::Adaptive => None,
@@ -236,7 +243,9 @@ impl Default for CachingPolicy {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SuballocPolicy {
+    /// Size. The smallest slab taken from the driver.
     pub min_slab: ByteSize,
+    /// Size. The largest slab for requests that fit in it (bigger requests get a slab of their own size).
     pub max_slab: ByteSize,
     /// A new slab is about `growth` x the bytes its pool already reserves (the largest power of
     /// two under it for small requests; a whole number of requests for pools of 1 MiB and up),
@@ -271,8 +280,11 @@ pub struct SuballocPolicy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Backing {
+    /// One physical handle per device page (2 MiB).
     Pages,
+    /// An eighth of the slab per physical handle.
     LargeHandles,
+    /// One driver allocation per slab.
     Whole,
 }
 
@@ -280,8 +292,11 @@ pub enum Backing {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Segregate {
+    /// Always segregate.
     Always,
+    /// Never.
     Never,
+    /// While free device memory is under `bounds.tight_below`.
     WhenTight,
 }
 
@@ -323,10 +338,15 @@ impl Default for OomPolicy {
 pub struct Policy {
     /// A note on what this policy is for.
     pub description: String,
+    /// Where requests go.
     pub routing: RoutingPolicy,
+    /// How much idle memory is kept, and when memory is short.
     pub bounds: BoundsPolicy,
+    /// The cache's settings.
     pub caching: CachingPolicy,
+    /// The suballocator's settings.
     pub suballoc: SuballocPolicy,
+    /// What to do when the device refuses.
     pub oom: OomPolicy,
 }
 
@@ -368,6 +388,7 @@ impl Policy {
         Ok(policy)
     }
 
+    /// A policy file; errors name the file, line and key.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let (file, text) = crate::config::read_file(path)?;
         Self::from_toml_str(&text, &file)
@@ -406,6 +427,7 @@ impl Policy {
         }
     }
 
+    /// The policy as TOML, in the schema of `policies/default.toml`.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("a policy always serializes")
     }

@@ -62,6 +62,7 @@ impl Engine {
         }
     }
 
+    /// The policy it runs.
     pub fn policy(&self) -> &Policy {
         &self.policy
     }
@@ -77,6 +78,7 @@ impl Engine {
         self.last_free < self.limits.headroom
     }
 
+    /// The free memory the policy keeps for others, on this device.
     pub fn headroom_bytes(&self) -> u64 {
         self.limits.headroom
     }

@@ -9,32 +9,49 @@ use crate::strategy::StrategyKind;
 /// A size class changing route, and why.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct RouteChange {
+    /// The operation count at the change.
     pub op: u64,
+    /// The size class, e.g. "1MiB..2MiB".
     pub class: String,
+    /// The route before.
     pub from: StrategyKind,
+    /// The route after.
     pub to: StrategyKind,
+    /// Why, in words.
     pub reason: String,
 }
 
 /// A controller decision other than routing: memory released and why.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Decision {
+    /// The operation count at the decision.
     pub op: u64,
+    /// What was done, e.g. "release".
     pub action: String,
+    /// The bytes it concerned.
     pub bytes: u64,
+    /// Why, in words.
     pub reason: String,
 }
 
 /// What the engine knows of one size class, for the tuning report.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ClassSummary {
+    /// The class, e.g. "1MiB..2MiB".
     pub class: String,
+    /// Its smallest request size.
     pub min_bytes: u64,
+    /// Its largest request size.
     pub max_bytes: u64,
+    /// Where its requests go at the end of the run.
     pub route: StrategyKind,
+    /// Requests of the class.
     pub requests: u64,
+    /// Bytes requested in all.
     pub bytes: u64,
+    /// Frees of the class.
     pub frees: u64,
+    /// The most bytes of the class live at once.
     pub peak_live_bytes: u64,
     /// Fraction of requests that found a freed block of the class waiting.
     pub reuse_ratio: f64,
@@ -49,10 +66,15 @@ pub struct ClassSummary {
 /// One point of the memory timeline, taken at controller ticks.
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
 pub struct TimelinePoint {
+    /// The operation count.
     pub op: u64,
+    /// Bytes live.
     pub live_bytes: u64,
+    /// Bytes held from the device.
     pub reserved_bytes: u64,
+    /// Bytes held and not live.
     pub idle_bytes: u64,
+    /// The device's free memory at the last sample.
     pub device_free_bytes: u64,
 }
 

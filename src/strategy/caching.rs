@@ -33,6 +33,7 @@ pub enum Rounding {
 pub struct CachingConfig {
     /// Most idle bytes kept; `None` keeps everything (unbounded).
     pub max_idle_bytes: Option<u64>,
+    /// How request sizes are rounded to blocks.
     pub rounding: Rounding,
 }
 
@@ -68,6 +69,8 @@ struct Node {
     lru_next: u32,
 }
 
+/// The caching strategy: freed blocks are kept in bins by size class and reused by requests of
+/// their class, idle memory bounded by `max_idle_bytes`.
 #[derive(Debug)]
 pub struct Caching {
     config: CachingConfig,
@@ -95,6 +98,7 @@ pub struct Caching {
 }
 
 impl Caching {
+    /// An empty cache.
     pub fn new(config: CachingConfig) -> Self {
         Caching {
             config,
@@ -119,6 +123,7 @@ impl Caching {
         self.released_over_bound
     }
 
+    /// Its settings now.
     pub fn config(&self) -> CachingConfig {
         self.config
     }

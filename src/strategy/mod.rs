@@ -26,14 +26,19 @@ pub type StreamId = u64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
 pub enum StrategyKind {
+    /// `passthrough`: straight to the driver.
     Passthrough,
+    /// `caching`: freed blocks kept for requests of their size class.
     Caching,
+    /// `suballoc`: blocks carved from slabs.
     Suballoc,
 }
 
 impl StrategyKind {
+    /// Every kind, in the allocator's order.
     pub const ALL: [StrategyKind; 3] = [StrategyKind::Passthrough, StrategyKind::Caching, StrategyKind::Suballoc];
 
+    /// The name as the command line and policy files spell it.
     pub fn name(self) -> &'static str {
         match self {
             StrategyKind::Passthrough => "passthrough",
@@ -57,22 +62,33 @@ pub enum BlockMeta {
     Direct,
     /// A cached block (its size is the grant's `block_bytes`); the index of the bin it returns
     /// to when freed.
-    Cached { bin: u32 },
+    Cached {
+        /// The bin's index.
+        bin: u32,
+    },
     /// A block carved from a slab; the index of its node in the suballocator.
-    Sub { node: u32 },
+    Sub {
+        /// The node's index.
+        node: u32,
+    },
     /// A block the suballocator spliced together on out-of-memory from the free ends of held
     /// pages and fresh pages; the index of its record.
-    Spliced { splice: u32 },
+    Spliced {
+        /// The record's index.
+        splice: u32,
+    },
 }
 
 /// A block handed out by a strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
+    /// The block's device address.
     pub ptr: DevicePtr,
     /// Bytes the block occupies (>= the request; the difference is rounding).
     pub block_bytes: u64,
     /// Whether the block came without a driver call.
     pub hit: bool,
+    /// Where the block came from inside its strategy (needed to free it).
     pub meta: BlockMeta,
 }
 
@@ -82,12 +98,16 @@ pub struct Grant {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Strategy {
+    /// See [`Passthrough`].
     Passthrough(Passthrough),
+    /// See [`Caching`].
     Caching(Caching),
+    /// See [`Suballoc`].
     Suballoc(Suballoc),
 }
 
 impl Strategy {
+    /// Which strategy this is.
     pub fn kind(&self) -> StrategyKind {
         match self {
             Strategy::Passthrough(_) => StrategyKind::Passthrough,

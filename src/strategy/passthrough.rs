@@ -4,12 +4,14 @@ use super::{BlockMeta, Grant};
 use crate::device::{Device, DevicePtr};
 use crate::error::DeviceError;
 
+/// The passthrough strategy: every request a driver allocation, every free a driver free.
 #[derive(Debug, Default)]
 pub struct Passthrough {
     reserved: u64,
 }
 
 impl Passthrough {
+    /// A strategy holding nothing.
     pub fn new() -> Self {
         Self::default()
     }

@@ -34,9 +34,12 @@ use crate::size::{ALIGNMENT, GIB, MIB, round_up};
 /// time; a whole slab is one driver allocation that goes back only when empty.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SlabBacking {
+    /// A physical handle per device page.
     #[default]
     Pages,
+    /// A physical handle per eighth of the slab.
     LargeHandles,
+    /// One driver allocation.
     Whole,
 }
 
@@ -116,6 +119,8 @@ struct Slab {
     emptied_at: u64,
 }
 
+/// The suballocator: blocks carved from slabs (large driver allocations, or address ranges
+/// backed page by page), best fit, freed blocks merged with free neighbours.
 #[derive(Debug)]
 pub struct Suballoc {
     config: SuballocConfig,
@@ -167,6 +172,7 @@ pub struct Suballoc {
 }
 
 impl Suballoc {
+    /// A suballocator holding no slab.
     pub fn new(config: SuballocConfig) -> Self {
         Suballoc {
             config,
@@ -193,6 +199,7 @@ impl Suballoc {
         }
     }
 
+    /// Its settings now.
     pub fn config(&self) -> SuballocConfig {
         self.config
     }
@@ -221,7 +228,7 @@ impl Suballoc {
             .expect("an unguarded placement is never refused"))
     }
 
-    /// [`allocate`](Self::allocate) under the strand guard: `Ok(None)` when the best-fit
+    /// `allocate` under the strand guard: `Ok(None)` when the best-fit
     /// placement would pin memory that the driver's own allocation of the block would not
     /// consume, and leave the pinned bytes over what the driver would consume for the live
     /// blocks by more than the budget ([`set_strand_budget`](Self::set_strand_budget)). The

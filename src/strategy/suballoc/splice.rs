@@ -54,7 +54,7 @@ struct Plan {
 }
 
 impl Suballoc {
-    /// Serves `bytes` by splicing ([`Splice`]) when that needs less new memory than a driver
+    /// Serves `bytes` by splicing (`Splice`) when that needs less new memory than a driver
     /// allocation of `bytes` would consume, or None. Cost: a scan of every node; cold.
     #[cold]
     pub fn allocate_spliced(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId) -> Option<Grant> {
