@@ -6,6 +6,7 @@ use thiserror::Error;
 use crate::size::ByteSize;
 
 /// An error from a [`Device`](crate::device::Device): the only code that obtains memory.
+#[non_exhaustive]
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum DeviceError {
     /// The device refused an allocation because it has too little free memory right now.
@@ -66,6 +67,7 @@ impl DeviceError {
 }
 
 /// An error from the public [`Allocator`](crate::Allocator).
+#[non_exhaustive]
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum AllocError {
     /// A request of 0 bytes.
@@ -163,6 +165,7 @@ impl AllocError {
 }
 
 /// An error in a configuration value or file (policy, cost model, workload).
+#[non_exhaustive]
 #[derive(Debug, Clone, Error, PartialEq)]
 pub enum ConfigError {
     /// A size that does not parse.

@@ -14,6 +14,7 @@ use crate::stats::{Stats, StrategyStats};
 use crate::strategy::StrategyKind;
 
 /// Driver calls and time, against what passthrough would have done for the same requests.
+#[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct DriverSummary {
     /// Driver allocations (page maps included).
@@ -36,6 +37,7 @@ pub struct DriverSummary {
 }
 
 /// Calls and time of one kind of driver operation (a key of the cost model).
+#[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct KindTime {
     /// The kind, a key of the cost model (`alloc`, `create`, ...).
@@ -77,6 +79,7 @@ pub fn by_kind_line(kinds: &[KindTime], n: usize) -> String {
 }
 
 /// Memory at its peaks.
+#[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct MemorySummary {
     /// The most bytes live at once.
@@ -92,6 +95,7 @@ pub struct MemorySummary {
 }
 
 /// Hits and misses of one strategy.
+#[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct HitRate {
     /// The strategy.
@@ -105,6 +109,7 @@ pub struct HitRate {
 }
 
 /// Everything a run taught, and what to do next time.
+#[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct TuningReport {
     /// The device, by name.

@@ -63,6 +63,7 @@ pub struct StrategyStats {
 }
 
 /// A snapshot of the allocator's statistics.
+#[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
     /// Bytes the callers asked for and still hold.

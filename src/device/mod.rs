@@ -40,6 +40,7 @@ pub struct MemInfo {
 }
 
 /// What a device has done: driver calls, bytes, and time spent in the driver.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceStats {
     /// Successful driver allocations.

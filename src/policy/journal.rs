@@ -7,6 +7,7 @@ use super::constants::{MAX_LOG, MAX_TIMELINE};
 use crate::strategy::StrategyKind;
 
 /// A size class changing route, and why.
+#[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct RouteChange {
     /// The operation count at the change.
@@ -22,6 +23,7 @@ pub struct RouteChange {
 }
 
 /// A controller decision other than routing: memory released and why.
+#[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Decision {
     /// The operation count at the decision.
@@ -35,6 +37,7 @@ pub struct Decision {
 }
 
 /// What the engine knows of one size class, for the tuning report.
+#[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct ClassSummary {
     /// The class, e.g. "1MiB..2MiB".
@@ -64,6 +67,7 @@ pub struct ClassSummary {
 }
 
 /// One point of the memory timeline, taken at controller ticks.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
 pub struct TimelinePoint {
     /// The operation count.
