@@ -140,6 +140,12 @@ fn child() {
     vmm.unmap(h + 12 * PAGE, 4 * PAGE).unwrap();
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
     vmm.unreserve(h).unwrap();
+    // Every driver call above was timed by kind, and the kinds add up to the total.
+    let st = dev.stats();
+    let o = st.ops;
+    assert!(o.create.calls >= 2 + 4 && o.map.calls >= o.create.calls && o.unmap.calls > 0 && o.release.calls > 0);
+    assert!(o.reserve.calls >= 5 && o.unreserve.calls >= 5 && o.set_access.calls > 0 && o.alloc.calls > 0);
+    assert_eq!(st.driver_ns, o.total_ns(), "{o:?}");
     // The default policy uses page-backed slabs there: pages freed inside a slab that still
     // holds live blocks go back to the driver.
     let dev: Arc<dyn Device> = Arc::new(dev);

@@ -168,6 +168,19 @@ impl Drop for CurrentContext {
     }
 }
 
+impl CudaDevice {
+    /// Runs one driver call, `f`, timing it into the statistics under `kind` (and the total).
+    pub(super) fn timed<T>(&self, kind: fn(&mut super::DriverOps) -> &mut super::OpTally, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let r = f();
+        let ns = start.elapsed().as_nanos() as u64;
+        let mut stats = self.stats.lock();
+        stats.driver_ns += ns;
+        kind(&mut stats.ops).charge(1, ns);
+        r
+    }
+}
+
 impl Device for CudaDevice {
     fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let _current = self.make_current()?;
@@ -259,9 +272,11 @@ impl Device for CudaDevice {
     fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
         // SAFETY: as in `stream_done`.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(stream as usize as sys::CUstream)
-        })
+        let r = self.timed(
+            |o| &mut o.stream_sync,
+            || unsafe { sys::cuStreamSynchronize(stream as usize as sys::CUstream) },
+        );
+        check("cuStreamSynchronize", r)
     }
 
     fn cuda_ordinal(&self) -> Option<i32> {

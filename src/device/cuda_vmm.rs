@@ -82,7 +82,10 @@ impl CudaDevice {
             None => {
                 // SAFETY: `handle` and `prop` are live locals; the context is current (checked
                 // by the callers).
-                let r = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
+                let r = self.timed(
+                    |o| &mut o.create,
+                    || unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) },
+                );
                 if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
                     return Err(self.out_of_memory(size));
                 }
@@ -99,10 +102,19 @@ impl CudaDevice {
         // SAFETY: `va` is a granule-aligned, unmapped address inside one of our reservations
         // (the caller's contract) and `handle` an allocation of `size` bytes that we hold a
         // reference to, mapped whole from offset 0.
-        let mapped = check("cuMemMap", unsafe { sys::cuMemMap(va, size as usize, 0, handle, 0) });
+        let mapped = check(
+            "cuMemMap",
+            self.timed(
+                |o| &mut o.map,
+                || unsafe { sys::cuMemMap(va, size as usize, 0, handle, 0) },
+            ),
+        );
         // SAFETY: the reference is ours; once mapped, the mappings keep the memory alive, and
         // when mapping a new handle failed this frees it.
-        let released = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) });
+        let released = check(
+            "cuMemRelease",
+            self.timed(|o| &mut o.release, || unsafe { sys::cuMemRelease(handle) }),
+        );
         mapped?;
         if let Err(e) = released {
             // SAFETY: removes the mapping made just above.
@@ -119,7 +131,6 @@ impl CudaDevice {
     /// when the handles are new.
     fn map_range(&self, ptr: DevicePtr, src: Option<DevicePtr>, bytes: u64, handle: u64) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
-        let start = Instant::now();
         let mut done = 0;
         let mut result = Ok(());
         while done < bytes {
@@ -139,16 +150,19 @@ impl CudaDevice {
             };
             // SAFETY: every handle of `ptr..ptr+bytes` was just mapped; `desc` is one live
             // descriptor.
-            result = check("cuMemSetAccess", unsafe {
-                sys::cuMemSetAccess(ptr, bytes as usize, &desc, 1)
-            });
+            result = check(
+                "cuMemSetAccess",
+                self.timed(
+                    |o| &mut o.set_access,
+                    || unsafe { sys::cuMemSetAccess(ptr, bytes as usize, &desc, 1) },
+                ),
+            );
         }
         if result.is_err() {
             // Failure changes nothing: unmap what this call mapped.
             let _ = self.unmap_pages(ptr, done);
         }
         let mut stats = self.stats.lock();
-        stats.driver_ns += start.elapsed().as_nanos() as u64;
         match result {
             Ok(()) => {
                 stats.driver_allocs += 1;
@@ -165,10 +179,8 @@ impl CudaDevice {
     /// range held the first mappings of its pages.
     fn unmap_range(&self, ptr: DevicePtr, bytes: u64, first: bool) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
-        let start = Instant::now();
         let result = self.unmap_pages(ptr, bytes);
         let mut stats = self.stats.lock();
-        stats.driver_ns += start.elapsed().as_nanos() as u64;
         stats.driver_frees += 1;
         if first {
             stats.allocated_bytes = stats.allocated_bytes.saturating_sub(bytes);
@@ -188,7 +200,10 @@ impl CudaDevice {
             let size = self.mappings.lock().remove(&va).unwrap_or(self.page());
             // SAFETY: every mapping of the range was made by `map_one` (the callers' contract),
             // `size` bytes at `va`.
-            let r = check("cuMemUnmap", unsafe { sys::cuMemUnmap(va, size as usize) });
+            let r = check(
+                "cuMemUnmap",
+                self.timed(|o| &mut o.unmap, || unsafe { sys::cuMemUnmap(va, size as usize) }),
+            );
             result = result.and(r);
             va += size;
         }
@@ -205,9 +220,13 @@ impl VirtualMemory for CudaDevice {
         let _current = self.make_current()?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` is a live local; address space only, no memory is consumed.
-        check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut ptr, bytes as usize, self.page() as usize, 0, 0)
-        })?;
+        check(
+            "cuMemAddressReserve",
+            self.timed(
+                |o| &mut o.reserve,
+                || unsafe { sys::cuMemAddressReserve(&mut ptr, bytes as usize, self.page() as usize, 0, 0) },
+            ),
+        )?;
         self.reservations.lock().insert(ptr, bytes);
         Ok(ptr)
     }
@@ -219,9 +238,13 @@ impl VirtualMemory for CudaDevice {
         };
         // SAFETY: `ptr..ptr+bytes` is a reservation of ours with every page unmapped (the
         // trait's contract).
-        check("cuMemAddressFree", unsafe {
-            sys::cuMemAddressFree(ptr, bytes as usize)
-        })
+        check(
+            "cuMemAddressFree",
+            self.timed(
+                |o| &mut o.unreserve,
+                || unsafe { sys::cuMemAddressFree(ptr, bytes as usize) },
+            ),
+        )
     }
 
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
@@ -251,7 +274,10 @@ impl VirtualMemory for CudaDevice {
     fn quiesce(&self) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
         // SAFETY: the device's context is current on this thread; the call takes no pointers.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        check(
+            "cuCtxSynchronize",
+            self.timed(|o| &mut o.unmap_sync, || unsafe { sys::cuCtxSynchronize() }),
+        )
     }
 }
 

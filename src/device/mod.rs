@@ -55,8 +55,9 @@ pub struct DeviceStats {
     pub allocated_bytes: u64,
     /// Time spent in the driver: modelled on SimDevice, measured on CudaDevice.
     pub driver_ns: u64,
-    /// The same calls and time by kind of operation. On CudaDevice only the kinds it times one
-    /// call at a time: alloc, free (its synchronization included) and mem_info.
+    /// The same calls and time by kind of operation. On CudaDevice each call is timed as it
+    /// is made (a cuMemFree's synchronization falls under `free`; the async kinds are timed by
+    /// `CudaPool` itself), and the kinds add up to `driver_ns`.
     pub ops: DriverOps,
 }
 
