@@ -8,7 +8,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::device::CostModel;
-use crate::policy::{ClassSummary, Decision, Policy, RouteChange, Segregate, SizeOrFraction, TimelinePoint};
+use crate::policy::{Backing, ClassSummary, Decision, Policy, RouteChange, Segregate, SizeOrFraction, TimelinePoint};
 use crate::size::ByteSize;
 use crate::stats::{Stats, StrategyStats};
 use crate::strategy::StrategyKind;
@@ -300,6 +300,24 @@ impl TuningReport {
             why.push(format!(
                 "the strand guard gave {} requests exact-size blocks (a driver call each) while peak reserved stayed at {} of {}: take the peak so far as the peak (bounds.peak_growth = 1)",
                 self.strand_refusals,
+                ByteSize(self.memory.peak_reserved_bytes),
+                ByteSize(self.device_total_bytes)
+            ));
+        }
+        // Slabs mapped page by page on a device the run never came close to filling: each page
+        // cost the driver a create and a map where one allocation backs a whole slab, and the
+        // fine-grained release pages buy was not needed.
+        let page_creates = self
+            .driver
+            .by_kind
+            .iter()
+            .find(|k| k.kind == "create")
+            .map_or(0, |k| k.calls);
+        if !tight && roomy && slabs && page_creates > 0 && p.suballoc.backing == Backing::Pages {
+            p.suballoc.backing = Backing::Whole;
+            why.push(format!(
+                "{page_creates} physical pages were created for slabs while peak reserved stayed at {} of {}: back slabs \
+                 whole (suballoc.backing = \"whole\"), one driver allocation per slab",
                 ByteSize(self.memory.peak_reserved_bytes),
                 ByteSize(self.device_total_bytes)
             ));

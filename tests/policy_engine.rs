@@ -364,3 +364,42 @@ fn the_report_recommends_a_larger_idle_bound_when_the_bound_costs_driver_calls()
         "the recommended policy: {fewer} driver calls vs {calls}"
     );
 }
+
+/// Slabs mapped page by page on a device the run never came near filling: the report
+/// recommends whole slabs, and the recommendation fed back maps no page and takes less modelled
+/// driver time, failing nothing. On a device the run fills, it does not.
+#[test]
+fn the_report_recommends_whole_slabs_where_pages_bought_nothing() {
+    let run = |policy: Policy, capacity: u64| {
+        let spec = WorkloadSpec::bundled("training").unwrap();
+        let t = spec.generate(spec.seed);
+        let dev = Arc::new(SimDevice::new(capacity));
+        let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
+        let m = adaptalloc_cli::trace::replay(&t, &alloc);
+        (alloc.report().unwrap(), m, dev.stats().ops.create.calls)
+    };
+    let (report, m, creates) = run(Policy::default(), 32 << 30);
+    assert!(creates > 0 && m.failed_allocs == 0);
+    let p = &report.recommended_policy;
+    assert_eq!(
+        p.suballoc.backing,
+        adaptalloc::policy::Backing::Whole,
+        "{:?}",
+        report.recommendations
+    );
+    assert!(report.recommendations.iter().any(|r| r.contains("back slabs whole")));
+    let (_, again, creates_again) = run(p.clone(), 32 << 30);
+    common::figure(&format!(
+        "training on 32 GiB: {creates} pages created, {:.1} ms modelled; with the recommended whole slabs {creates_again}, {:.1} ms",
+        m.modeled_driver_ns as f64 / 1e6,
+        again.modeled_driver_ns as f64 / 1e6
+    ));
+    assert_eq!((creates_again, again.failed_allocs), (0, 0));
+    assert!(again.modeled_driver_ns * 2 < m.modeled_driver_ns);
+    // A device the run fills (1.1x its peak): pages stay.
+    let (tight, _, _) = run(Policy::default(), 6_850_000_000);
+    assert_eq!(
+        tight.recommended_policy.suballoc.backing,
+        adaptalloc::policy::Backing::Pages
+    );
+}
