@@ -57,6 +57,12 @@ struct Targets {
     failed: u64,
     /// Modelled ms summed over the workloads: adaptive, pytorch.
     sums: (f64, f64),
+    /// Adaptive's modelled ms summed on a second run with its first run's advice (where
+    /// `adaptalloc replay` keeps it), and the runs where advice was kept.
+    advised: (f64, u32),
+    /// Workloads where the advised second run still took longer than `pytorch` (which completed), of
+    /// those where it completed.
+    advised_over_pytorch: (u32, u32),
     /// Adaptive's modelled time by kind, summed: kind -> (calls, ns).
     kinds: std::collections::BTreeMap<&'static str, (u64, u64)>,
 }
@@ -101,8 +107,14 @@ impl Targets {
             })
             .collect();
         format!(
-            "- {label}: adaptive {:.0} ms in all, `pytorch` {:.0} ms; adaptive's time is {}; adaptive failed {} allocations where passthrough completed.",
+            "- {label}: adaptive {:.0} ms in all ({:.0} ms on a second run with its tuning report's advice, kept on {} \
+             workloads; then over `pytorch` on {} of {}), `pytorch` {:.0} ms; adaptive's time is {}; adaptive failed {} \
+             allocations where passthrough completed.",
             self.sums.0,
+            self.advised.0,
+            self.advised.1,
+            self.advised_over_pytorch.0,
+            self.advised_over_pytorch.1,
             self.sums.1,
             parts.join("; "),
             self.failed
@@ -168,6 +180,15 @@ fn main() {
             println!("| {} ({}) | {} |", t.name, ByteSize(c), cells.join(" | "));
             let a = &rs[0];
             tg.sums.0 += a.modeled_driver_ns as f64 / 1e6;
+            let (advised, kept) = advised_ns(t, c, g);
+            tg.advised.0 += advised as f64 / 1e6;
+            tg.advised.1 += u32::from(kept);
+            if let Some(p) = shown.iter().position(|&s| s == Contender::Pytorch).map(|i| &rs[i])
+                && p.completed
+            {
+                tg.advised_over_pytorch.1 += 1;
+                tg.advised_over_pytorch.0 += u32::from(advised > p.modeled_driver_ns);
+            }
             for k in &a.driver_by_kind {
                 let e = tg.kinds.entry(k.kind).or_default();
                 (e.0, e.1) = (e.0 + k.calls, e.1 + k.ns);
@@ -322,5 +343,32 @@ fn main() {
             .map(|(k, (calls, ns))| format!("{k} {:.0} ms ({calls})", *ns as f64 / 1e6))
             .collect();
         println!("- {label}: {}", parts.join(", "));
+    }
+}
+
+/// Adaptive's modelled driver time on `t` at `capacity` on a second run with the default
+/// policy's tuning report's advice, checked by replay as `adaptalloc replay` does, and whether
+/// advice was kept (the first run's time when none was).
+fn advised_ns(t: &Trace, capacity: u64, g: Granularity) -> (u64, bool) {
+    use adaptalloc::Allocator;
+    use adaptalloc::device::{Device, SimDevice};
+    use adaptalloc::policy::Policy;
+    use std::sync::Arc;
+    let run = |p: &Policy| {
+        let alloc = Allocator::with_policy(Arc::new(SimDevice::new(capacity)) as Arc<dyn Device>, p.clone());
+        let m = adaptalloc_cli::trace::replay(t, &alloc);
+        (m, alloc.report())
+    };
+    let used = Policy::default();
+    let (m, report) = run(&used);
+    let Some(mut report) = report else {
+        return (m.modeled_driver_ns, false);
+    };
+    let needed = passthrough_min_capacity(t, g);
+    adaptalloc_cli::advice::check_advice(&mut report, &used, &m, needed, capacity, |p| run(p).0);
+    if report.recommends_change {
+        (run(&report.recommended_policy).0.modeled_driver_ns, true)
+    } else {
+        (m.modeled_driver_ns, false)
     }
 }
