@@ -290,15 +290,12 @@ impl Allocator {
         {
             let mut st = alloc.shared.state.lock();
             let kinds = st.strategies.iter().map(Strategy::kind).collect();
-            let mut engine = Engine::new(policy, kinds, total, alloc.shared.device.footprint_model());
+            let engine = Engine::new(policy, kinds, total, alloc.shared.device.footprint_model());
             st.routes = engine.initial_routes();
-            // A first sample before the first request: the strategies start with the plan
-            // for the device as it is (how new slabs are backed, the idle bounds).
-            let st = &mut *st;
-            engine.tick(&mut st.strategies, &alloc.shared.device, &mut st.routes, 0, 0);
-            st.pressure = engine.in_pressure();
-            st.below_headroom = engine.below_headroom();
             st.engine = Some(Box::new(engine));
+            // A first sample before the first request (due at operation 0): the strategies
+            // start with the plan for the device as it is.
+            st.maybe_tick(&alloc.shared.device);
         }
         alloc
     }
