@@ -180,7 +180,7 @@ fn main() {
             println!("| {} ({}) | {} |", t.name, ByteSize(c), cells.join(" | "));
             let a = &rs[0];
             tg.sums.0 += a.modeled_driver_ns as f64 / 1e6;
-            let (advised, kept) = advised_ns(t, c, g);
+            let (advised, kept) = advised_ns(t, c);
             tg.advised.0 += advised as f64 / 1e6;
             tg.advised.1 += u32::from(kept);
             if let Some(p) = shown.iter().position(|&s| s == Contender::Pytorch).map(|i| &rs[i])
@@ -349,26 +349,15 @@ fn main() {
 /// Adaptive's modelled driver time on `t` at `capacity` on a second run with the default
 /// policy's tuning report's advice, checked by replay as `adaptalloc replay` does, and whether
 /// advice was kept (the first run's time when none was).
-fn advised_ns(t: &Trace, capacity: u64, g: Granularity) -> (u64, bool) {
-    use adaptalloc::Allocator;
-    use adaptalloc::device::{Device, SimDevice};
+fn advised_ns(t: &Trace, capacity: u64) -> (u64, bool) {
+    use adaptalloc::device::SimDevice;
     use adaptalloc::policy::Policy;
     use std::sync::Arc;
-    let run = |p: &Policy| {
-        let alloc = Allocator::with_policy(Arc::new(SimDevice::new(capacity)) as Arc<dyn Device>, p.clone());
-        let m = adaptalloc_cli::trace::replay(t, &alloc);
-        (m, alloc.report())
-    };
-    let used = Policy::default();
-    let (m, report) = run(&used);
-    let Some(mut report) = report else {
-        return (m.modeled_driver_ns, false);
-    };
-    let needed = passthrough_min_capacity(t, g);
-    adaptalloc_cli::advice::check_advice(&mut report, &used, &m, needed, capacity, |p| run(p).0);
-    if report.recommends_change {
-        (run(&report.recommended_policy).0.modeled_driver_ns, true)
-    } else {
-        (m.modeled_driver_ns, false)
+    let run = adaptalloc_cli::advice::run_with_advice(t, &Policy::default(), Default::default(), || {
+        Arc::new(SimDevice::new(capacity))
+    });
+    match run.advised {
+        Some(m) => (m.modeled_driver_ns, true),
+        None => (run.metrics.modeled_driver_ns, false),
     }
 }

@@ -8,10 +8,10 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::device::CostModel;
-use crate::policy::{Backing, ClassSummary, Decision, Policy, RouteChange, Segregate, SizeOrFraction, TimelinePoint};
+use crate::policy::{ClassSummary, Decision, Policy, RouteChange, Segregate, SizeOrFraction, TimelinePoint};
 use crate::size::ByteSize;
 use crate::stats::{Stats, StrategyStats};
-use crate::strategy::StrategyKind;
+use crate::strategy::{SlabBacking, StrategyKind};
 
 /// Driver calls and time, against what passthrough would have done for the same requests.
 #[non_exhaustive]
@@ -313,8 +313,8 @@ impl TuningReport {
             .iter()
             .find(|k| k.kind == "create")
             .map_or(0, |k| k.calls);
-        if !tight && roomy && slabs && page_creates > 0 && p.suballoc.backing == Backing::Pages {
-            p.suballoc.backing = Backing::Whole;
+        if !tight && roomy && slabs && page_creates > 0 && p.suballoc.backing == SlabBacking::Pages {
+            p.suballoc.backing = SlabBacking::Whole;
             why.push(format!(
                 "{page_creates} physical pages were created for slabs while peak reserved stayed at {} of {}: back slabs \
                  whole (suballoc.backing = \"whole\"), one driver allocation per slab",

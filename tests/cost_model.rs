@@ -31,9 +31,10 @@ fn mapping_pages_charges_a_create_and_a_map_per_page_and_one_access_grant() {
     assert_eq!(
         s.driver_ns,
         m.vmm.reserve_ns
-            + m.map_handles_ns(3, 2 * MIB)
+            + 3 * (m.vmm.create_ns.ns(2 * MIB) + m.vmm.map_ns)
+            + m.vmm.set_access_ns
             + m.vmm.unmap_sync_ns
-            + m.unmap_handles_ns(3)
+            + 3 * (m.vmm.unmap_ns + m.vmm.release_ns)
             + m.vmm.unreserve_ns
     );
 }

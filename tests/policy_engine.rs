@@ -383,7 +383,7 @@ fn the_report_recommends_whole_slabs_where_pages_bought_nothing() {
     let p = &report.recommended_policy;
     assert_eq!(
         p.suballoc.backing,
-        adaptalloc::policy::Backing::Whole,
+        adaptalloc::strategy::SlabBacking::Whole,
         "{:?}",
         report.recommendations
     );
@@ -400,6 +400,6 @@ fn the_report_recommends_whole_slabs_where_pages_bought_nothing() {
     let (tight, _, _) = run(Policy::default(), 6_850_000_000);
     assert_eq!(
         tight.recommended_policy.suballoc.backing,
-        adaptalloc::policy::Backing::Pages
+        adaptalloc::strategy::SlabBacking::Pages
     );
 }

@@ -1,17 +1,63 @@
 //! Advice that holds: a tuning report's recommendation checked by replaying it on the
-//! workload it came from (`adaptalloc replay`, and the Python package's `report()`).
+//! workload it came from (`adaptalloc replay`, the Python package's `report()`, and
+//! `examples/peers_md.rs`).
 
+use std::sync::Arc;
+
+use adaptalloc::Allocator;
+use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
 use adaptalloc::report::TuningReport;
 use adaptalloc::size::ByteSize;
 
-use crate::trace::ReplayMetrics;
+use crate::compare::passthrough_min_capacity;
+use crate::trace::{ReplayMetrics, ReplayOptions, Trace, replay_with};
+
+/// One run of a policy with its tuning report, the advice checked by replay.
+pub struct AdvisedRun {
+    /// The run.
+    pub metrics: ReplayMetrics,
+    /// The device it ran on.
+    pub device: Arc<SimDevice>,
+    /// Its tuning report, the recommendation checked ([`check_advice`]).
+    pub report: TuningReport,
+    /// The replay of the recommended policy, where the report kept a recommendation.
+    pub advised: Option<ReplayMetrics>,
+}
+
+/// Replays `trace` under `policy` on a fresh device from `device` (its co-tenants' clock
+/// advanced by the replay), builds the tuning report, and checks its advice by replaying the
+/// recommendation on another fresh device ([`check_advice`]).
+pub fn run_with_advice(
+    trace: &Trace,
+    policy: &Policy,
+    options: ReplayOptions,
+    device: impl Fn() -> Arc<SimDevice>,
+) -> AdvisedRun {
+    let run = |p: &Policy| {
+        let dev = device();
+        let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, p.clone());
+        let m = replay_with(trace, &alloc, options, |i| dev.advance_clock(i));
+        (m, dev, alloc)
+    };
+    let (metrics, dev, alloc) = run(policy);
+    let mut report = alloc.report().expect("an allocator with a policy has a report");
+    let needed = passthrough_min_capacity(trace, Granularity::default());
+    let advised = check_advice(&mut report, policy, &metrics, needed, dev.capacity(), |p| run(p).0);
+    AdvisedRun {
+        metrics,
+        device: dev,
+        report,
+        advised,
+    }
+}
 
 /// Advice that holds: says when the workload's peak footprint (`needed`, what passthrough's
 /// live blocks consume at most) does not fit the device, and otherwise replays the report's
 /// recommended policy (`replay`) on the same trace and device, keeping it only when it fails
 /// fewer allocations, or as many in less modelled driver time, than the run (`ran`); else the
-/// report recommends no change and says what the replay measured.
+/// report recommends no change and says what the replay measured. Returns the replay of the
+/// recommendation when it is kept.
 pub fn check_advice(
     report: &mut TuningReport,
     used: &Policy,
@@ -19,7 +65,7 @@ pub fn check_advice(
     needed: u64,
     capacity: u64,
     replay: impl Fn(&Policy) -> ReplayMetrics,
-) {
+) -> Option<ReplayMetrics> {
     let mut same = report.recommended_policy.clone();
     same.description.clone_from(&used.description);
     if needed > capacity {
@@ -32,10 +78,10 @@ pub fn check_advice(
         )];
         report.recommended_policy = used.clone();
         report.recommends_change = false;
-        return;
+        return None;
     }
     if same == *used {
-        return;
+        return None;
     }
     let r = replay(&report.recommended_policy);
     let ms = |m: &ReplayMetrics| m.modeled_driver_ns as f64 / 1e6;
@@ -52,6 +98,7 @@ pub fn check_advice(
         report.recommendations.push(format!(
             "replayed on this trace and device, the recommended policy made {measured}"
         ));
+        Some(r)
     } else {
         let considered = report.recommendations.join("; ");
         report.recommendations = vec![format!(
@@ -59,5 +106,6 @@ pub fn check_advice(
         )];
         report.recommended_policy = used.clone();
         report.recommends_change = false;
+        None
     }
 }

@@ -198,6 +198,22 @@ fn replay_prints_and_writes_the_tuning_report() {
     assert!(std::fs::read_to_string(&md).unwrap().contains("shared GPU"));
     let fixed = ok(&["replay", a.to_str().unwrap(), "--strategy", "passthrough"]);
     assert!(fixed.contains("0 failed allocations"), "{fixed}");
+    // The adaptive strategy runs the default policy: a report, its advice checked as well.
+    let adaptive_md = tmp("adaptive.md");
+    let text = ok(&[
+        "replay",
+        a.to_str().unwrap(),
+        "--strategy",
+        "adaptive",
+        "--report",
+        adaptive_md.to_str().unwrap(),
+    ]);
+    assert!(text.contains("## Recommendation"), "{text}");
+    assert!(
+        std::fs::read_to_string(&adaptive_md)
+            .unwrap()
+            .contains("# adaptalloc tuning report")
+    );
 }
 
 #[test]

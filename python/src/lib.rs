@@ -79,7 +79,7 @@ fn compare_json(
 
 /// The tuning report (Markdown) of the default policy, or `policy` (a preset name or a policy
 /// file), replaying one snapshot; its recommendation replayed as `adaptalloc replay` does
-/// ([`adaptalloc_cli::advice::check_advice`]).
+/// ([`adaptalloc_cli::advice::run_with_advice`]).
 #[pyfunction]
 #[pyo3(signature = (path=None, data=None, capacity=None, capacity_factor=None, policy=None))]
 fn report_markdown(
@@ -91,29 +91,18 @@ fn report_markdown(
 ) -> PyResult<String> {
     use std::sync::Arc;
 
-    use adaptalloc_cli::compare::passthrough_min_capacity;
-    use adaptalloc_cli::trace::replay;
-    use adaptalloc_core::device::{Device, Granularity, SimDevice};
-    use adaptalloc_core::{Allocator, policy::Policy};
+    use adaptalloc_cli::advice::run_with_advice;
+    use adaptalloc_core::device::{Granularity, SimDevice};
+    use adaptalloc_core::policy::Policy;
     let trace = trace_of(path, data)?;
     let policy = match policy {
         Some(p) => Policy::load(p).map_err(|e| PyValueError::new_err(e.to_string()))?,
         None => Policy::default(),
     };
-    let g = Granularity::default();
-    let cap = capacity_of(capacity, capacity_factor)?.bytes_for(trace.peak_live_bytes(), g.large_granule);
-    let run = |p: &Policy| {
-        let alloc = Allocator::with_policy(Arc::new(SimDevice::new(cap)) as Arc<dyn Device>, p.clone());
-        let m = replay(&trace, &alloc);
-        (m, alloc)
-    };
-    let (m, alloc) = run(&policy);
-    let mut report = alloc
-        .report()
-        .ok_or_else(|| PyValueError::new_err("the policy engine made no report"))?;
-    let needed = passthrough_min_capacity(&trace, g);
-    adaptalloc_cli::advice::check_advice(&mut report, &policy, &m, needed, cap, |p| run(p).0);
-    Ok(report.to_string())
+    let cap = capacity_of(capacity, capacity_factor)?
+        .bytes_for(trace.peak_live_bytes(), Granularity::default().large_granule);
+    let run = run_with_advice(&trace, &policy, Default::default(), || Arc::new(SimDevice::new(cap)));
+    Ok(run.report.to_string())
 }
 
 #[pymodule]

@@ -279,6 +279,7 @@ impl Allocator {
             max_empty_bytes: max_idle,
             segregate: policy.suballoc.segregate == crate::policy::Segregate::Always,
             page_release: policy.suballoc.page_release,
+            backing: policy.suballoc.backing,
         });
         let configs = match policy.routing.mode.fixed() {
             Some(StrategyKind::Passthrough) => vec![StrategyConfig::Passthrough],

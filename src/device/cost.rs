@@ -207,18 +207,6 @@ impl CostModel {
     pub fn free_ns(&self, bytes: u64) -> u64 {
         self.free.ns(bytes) + self.free_sync_ns
     }
-
-    /// Mapping `handles` new physical handles of `handle` bytes each in one run: a create and
-    /// a map per handle, one access grant.
-    pub fn map_handles_ns(&self, handles: u64, handle: u64) -> u64 {
-        handles * (self.vmm.create_ns.ns(handle) + self.vmm.map_ns) + self.vmm.set_access_ns
-    }
-
-    /// Unmapping `mappings` mappings: unmap and release per mapping (the synchronization
-    /// before them is [`VmmCosts::unmap_sync_ns`], charged once per batch).
-    pub fn unmap_handles_ns(&self, mappings: u64) -> u64 {
-        mappings * (self.vmm.unmap_ns + self.vmm.release_ns)
-    }
 }
 
 #[cfg(test)]
@@ -251,7 +239,6 @@ mod tests {
     fn create_price_is_a_number_or_a_curve_by_handle_size() {
         let m = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{REST}"), "x.toml").unwrap();
         assert_eq!(m.vmm.create_ns.ns(2 * MIB), 5);
-        assert_eq!(m.map_handles_ns(3, 2 * MIB), 3 * 6);
         assert_eq!(m.vmm.set_access_ns, 0);
         let curve = REST.replace(
             "create_ns = 5",

@@ -169,14 +169,13 @@ impl Drop for CurrentContext {
 }
 
 impl CudaDevice {
-    /// Runs one driver call, `f`, timing it into the statistics under `kind` (and the total).
+    /// Runs one driver call, `f`, timing it into the statistics under `kind` (the total,
+    /// `driver_ns`, is their sum: [`Device::stats`]).
     pub(super) fn timed<T>(&self, kind: fn(&mut super::DriverOps) -> &mut super::OpTally, f: impl FnOnce() -> T) -> T {
         let start = Instant::now();
         let r = f();
         let ns = start.elapsed().as_nanos() as u64;
-        let mut stats = self.stats.lock();
-        stats.driver_ns += ns;
-        kind(&mut stats.ops).charge(1, ns);
+        kind(&mut self.stats.lock().ops).charge(1, ns);
         r
     }
 }
@@ -185,13 +184,12 @@ impl Device for CudaDevice {
     fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let _current = self.make_current()?;
         let mut ptr: sys::CUdeviceptr = 0;
-        let start = Instant::now();
         // SAFETY: `ptr` is a live local; the context is current on this thread.
-        let result = unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) };
-        let ns = start.elapsed().as_nanos() as u64;
+        let result = self.timed(
+            |o| &mut o.alloc,
+            || unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) },
+        );
         let mut stats = self.stats.lock();
-        stats.driver_ns += ns;
-        stats.ops.alloc.charge(1, ns);
         if result == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
             stats.failed_allocs += 1;
             drop(stats);
@@ -209,15 +207,11 @@ impl Device for CudaDevice {
 
     fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
-        let start = Instant::now();
         // SAFETY: callers pass pointers from `allocate` (the allocator's map guarantees it).
-        let result = unsafe { sys::cuMemFree_v2(ptr) };
-        let ns = start.elapsed().as_nanos() as u64;
-        let mut stats = self.stats.lock();
-        stats.driver_ns += ns;
-        // Measured with the synchronization it implies (not told apart on a real device).
-        stats.ops.free.charge(1, ns);
+        // Timed with the synchronization it implies (not told apart on a real device).
+        let result = self.timed(|o| &mut o.free, || unsafe { sys::cuMemFree_v2(ptr) });
         check("cuMemFree_v2", result)?;
+        let mut stats = self.stats.lock();
         stats.driver_frees += 1;
         stats.allocated_bytes -= self.sizes.lock().remove(&ptr).unwrap_or(0);
         Ok(())
@@ -226,16 +220,13 @@ impl Device for CudaDevice {
     fn mem_info(&self) -> Result<MemInfo, DeviceError> {
         let _current = self.make_current()?;
         let (mut free, mut total) = (0usize, 0usize);
-        let start = Instant::now();
         // SAFETY: both out-pointers are live locals; the context is current.
-        check("cuMemGetInfo_v2", unsafe {
-            sys::cuMemGetInfo_v2(&mut free, &mut total)
-        })?;
-        let ns = start.elapsed().as_nanos() as u64;
-        let mut stats = self.stats.lock();
-        stats.mem_info_calls += 1;
-        stats.driver_ns += ns;
-        stats.ops.mem_info.charge(1, ns);
+        let r = self.timed(
+            |o| &mut o.mem_info,
+            || unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
+        );
+        check("cuMemGetInfo_v2", r)?;
+        self.stats.lock().mem_info_calls += 1;
         Ok(MemInfo {
             free: free as u64,
             total: total as u64,
@@ -284,7 +275,9 @@ impl Device for CudaDevice {
     }
 
     fn stats(&self) -> DeviceStats {
-        *self.stats.lock()
+        let mut stats = *self.stats.lock();
+        stats.driver_ns = stats.ops.total_ns();
+        stats
     }
 
     fn name(&self) -> String {

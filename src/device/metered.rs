@@ -62,58 +62,51 @@ impl Device for Metered {
     }
 }
 
+impl Metered {
+    /// The inner device's virtual memory (callers reach this only through `vmm()`, which
+    /// exists only when the inner device has it).
+    fn vm(&self) -> &dyn VirtualMemory {
+        self.inner.vmm().expect("vmm checked by the caller")
+    }
+
+    /// Counts a mapping that succeeded as a driver allocation.
+    fn mapped(&self, r: Result<(), DeviceError>) -> Result<(), DeviceError> {
+        if r.is_ok() {
+            self.allocs.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
 /// Mapping and unmapping pages are driver calls too: counted like allocations and frees.
 impl VirtualMemory for Metered {
     fn page_size(&self) -> u64 {
         self.inner.vmm().map(|v| v.page_size()).unwrap_or(0)
     }
     fn reserve(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        self.inner.vmm().expect("vmm checked by the caller").reserve(bytes)
+        self.vm().reserve(bytes)
     }
     fn unreserve(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
-        self.inner.vmm().expect("vmm checked by the caller").unreserve(ptr)
+        self.vm().unreserve(ptr)
     }
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        let r = self.inner.vmm().expect("vmm checked by the caller").map(ptr, bytes);
-        if r.is_ok() {
-            self.allocs.fetch_add(1, Ordering::Relaxed);
-        }
-        r
+        self.mapped(self.vm().map(ptr, bytes))
     }
     fn map_handles(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
-        let r = self
-            .inner
-            .vmm()
-            .expect("vmm checked by the caller")
-            .map_handles(ptr, bytes, handle);
-        if r.is_ok() {
-            self.allocs.fetch_add(1, Ordering::Relaxed);
-        }
-        r
+        self.mapped(self.vm().map_handles(ptr, bytes, handle))
     }
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.frees.fetch_add(1, Ordering::Relaxed);
-        self.inner.vmm().expect("vmm checked by the caller").unmap(ptr, bytes)
+        self.vm().unmap(ptr, bytes)
     }
     fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        let r = self
-            .inner
-            .vmm()
-            .expect("vmm checked by the caller")
-            .map_alias(ptr, src, bytes);
-        if r.is_ok() {
-            self.allocs.fetch_add(1, Ordering::Relaxed);
-        }
-        r
+        self.mapped(self.vm().map_alias(ptr, src, bytes))
     }
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.frees.fetch_add(1, Ordering::Relaxed);
-        self.inner
-            .vmm()
-            .expect("vmm checked by the caller")
-            .unmap_alias(ptr, bytes)
+        self.vm().unmap_alias(ptr, bytes)
     }
     fn quiesce(&self) -> Result<(), DeviceError> {
-        self.inner.vmm().expect("vmm checked by the caller").quiesce()
+        self.vm().quiesce()
     }
 }

@@ -53,7 +53,8 @@ pub struct DeviceStats {
     pub mem_info_calls: u64,
     /// Bytes currently held from the driver, as the caller asked for them.
     pub allocated_bytes: u64,
-    /// Time spent in the driver: modelled on SimDevice, measured on CudaDevice.
+    /// Time spent in the driver: modelled on SimDevice, measured on CudaDevice; the sum of
+    /// `ops` (devices fill it from there in `stats()`).
     pub driver_ns: u64,
     /// The same calls and time by kind of operation. On CudaDevice each call is timed as it
     /// is made (a cuMemFree's synchronization falls under `free`; the async kinds are timed by

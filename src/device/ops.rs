@@ -21,91 +21,75 @@ impl OpTally {
     }
 }
 
-/// Every priced driver operation, by kind (the keys of a cost model file).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct DriverOps {
+/// Declares [`DriverOps`] from one list of kinds, with `kinds()` and `since()` over the same
+/// list (a kind is added in one place).
+macro_rules! driver_ops {
+    ($($(#[$doc:meta])* $kind:ident,)*) => {
+        /// Every priced driver operation, by kind (the keys of a cost model file).
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+        pub struct DriverOps {
+            $($(#[$doc])* pub $kind: OpTally,)*
+        }
+
+        impl DriverOps {
+            /// How many kinds there are.
+            pub const KINDS: usize = [$(stringify!($kind)),*].len();
+
+            /// Every kind with its key, in cost-model order.
+            pub fn kinds(&self) -> [(&'static str, OpTally); Self::KINDS] {
+                [$((stringify!($kind), self.$kind)),*]
+            }
+
+            /// The kinds a later snapshot added to this one (`later - self`, per kind).
+            pub fn since(&self, earlier: &DriverOps) -> DriverOps {
+                DriverOps {
+                    $($kind: OpTally {
+                        calls: self.$kind.calls - earlier.$kind.calls,
+                        ns: self.$kind.ns - earlier.$kind.ns,
+                    },)*
+                }
+            }
+        }
+    };
+}
+
+driver_ops! {
     /// cuMemAlloc (cudaMalloc), failed attempts included.
-    pub alloc: OpTally,
+    alloc,
     /// cuMemFree (cudaFree), without its synchronization.
-    pub free: OpTally,
+    free,
     /// The device synchronization each cuMemFree implies.
-    pub free_sync: OpTally,
+    free_sync,
     /// cuMemGetInfo.
-    pub mem_info: OpTally,
+    mem_info,
     /// cuMemAddressReserve.
-    pub reserve: OpTally,
+    reserve,
     /// cuMemAddressFree.
-    pub unreserve: OpTally,
+    unreserve,
     /// cuMemCreate, one per physical handle (failed attempts included).
-    pub create: OpTally,
+    create,
     /// cuMemMap, one per handle mapped (a page mapped a second time included).
-    pub map: OpTally,
-    /// cuMemSetAccess, one per mapping.
-    pub set_access: OpTally,
+    map,
+    /// cuMemSetAccess, one per mapped run.
+    set_access,
     /// cuMemUnmap, one per mapping.
-    pub unmap: OpTally,
+    unmap,
     /// cuMemRelease, one per handle reference dropped.
-    pub release: OpTally,
+    release,
     /// The synchronization before a batch of unmaps (cuMemUnmap is not stream-ordered).
-    pub unmap_sync: OpTally,
+    unmap_sync,
     /// A wait for one stream's queued work (cuStreamSynchronize).
-    pub stream_sync: OpTally,
+    stream_sync,
     /// cudaMallocAsync served by a stream-ordered pool.
-    pub async_alloc: OpTally,
+    async_alloc,
     /// cudaFreeAsync.
-    pub async_free: OpTally,
+    async_free,
 }
 
 impl DriverOps {
-    /// Every kind with its key, in cost-model order.
-    pub fn kinds(&self) -> [(&'static str, OpTally); 15] {
-        [
-            ("alloc", self.alloc),
-            ("free", self.free),
-            ("free_sync", self.free_sync),
-            ("mem_info", self.mem_info),
-            ("reserve", self.reserve),
-            ("unreserve", self.unreserve),
-            ("create", self.create),
-            ("map", self.map),
-            ("set_access", self.set_access),
-            ("unmap", self.unmap),
-            ("release", self.release),
-            ("unmap_sync", self.unmap_sync),
-            ("stream_sync", self.stream_sync),
-            ("async_alloc", self.async_alloc),
-            ("async_free", self.async_free),
-        ]
-    }
-
     /// Time of every kind together, ns.
     pub fn total_ns(&self) -> u64 {
         self.kinds().iter().map(|(_, t)| t.ns).sum()
-    }
-
-    /// The kinds a later snapshot added to this one (`later - self`, per kind).
-    pub fn since(&self, earlier: &DriverOps) -> DriverOps {
-        let d = |a: OpTally, b: OpTally| OpTally {
-            calls: a.calls - b.calls,
-            ns: a.ns - b.ns,
-        };
-        DriverOps {
-            alloc: d(self.alloc, earlier.alloc),
-            free: d(self.free, earlier.free),
-            free_sync: d(self.free_sync, earlier.free_sync),
-            mem_info: d(self.mem_info, earlier.mem_info),
-            reserve: d(self.reserve, earlier.reserve),
-            unreserve: d(self.unreserve, earlier.unreserve),
-            create: d(self.create, earlier.create),
-            map: d(self.map, earlier.map),
-            set_access: d(self.set_access, earlier.set_access),
-            unmap: d(self.unmap, earlier.unmap),
-            release: d(self.release, earlier.release),
-            unmap_sync: d(self.unmap_sync, earlier.unmap_sync),
-            stream_sync: d(self.stream_sync, earlier.stream_sync),
-            async_alloc: d(self.async_alloc, earlier.async_alloc),
-            async_free: d(self.async_free, earlier.async_free),
-        }
     }
 }
 

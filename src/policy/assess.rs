@@ -4,8 +4,7 @@
 //! controller applies the plan. Every rule has a table-driven unit test below, named after it.
 
 use super::constants::{CYCLE_FALL_DIVISOR, STRAND_CLEAR_DIVISOR, TIGHT_ENTER_STRAND_DIVISOR, TIGHT_EXIT_FREE_FACTOR};
-use super::{Backing, Policy, RoutingMode, Segregate};
-use crate::strategy::SlabBacking;
+use super::{Policy, RoutingMode, Segregate};
 
 /// The policy's bounds resolved on one device, and the settings `assess` reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,7 +26,6 @@ pub(crate) struct Limits {
     pub segregate: Segregate,
     pub growth: f64,
     pub loose_growth: f64,
-    pub backing: Backing,
 }
 
 impl Limits {
@@ -48,7 +46,6 @@ impl Limits {
             segregate: policy.suballoc.segregate,
             growth: policy.suballoc.growth,
             loose_growth: policy.suballoc.loose_growth,
-            backing: policy.suballoc.backing,
         }
     }
 }
@@ -109,8 +106,6 @@ pub(crate) struct Plan {
     pub slab_limit: u64,
     pub segregate: bool,
     pub growth: f64,
-    /// How new slabs are backed (`suballoc.backing`).
-    pub backing: SlabBacking,
 }
 
 /// The plan for one sample. Pure: the same inputs always give the same plan.
@@ -152,11 +147,6 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
             Segregate::WhenTight => tight,
         },
         growth: if tight { lim.growth } else { lim.loose_growth },
-        backing: match lim.backing {
-            Backing::Pages => SlabBacking::Pages,
-            Backing::LargeHandles => SlabBacking::LargeHandles,
-            Backing::Whole => SlabBacking::Whole,
-        },
     }
 }
 
@@ -241,7 +231,6 @@ mod tests {
             segregate: Segregate::WhenTight,
             growth: 0.25,
             loose_growth: 1.0,
-            backing: Backing::Pages,
         }
     }
 
@@ -271,7 +260,6 @@ mod tests {
         );
         assert!(!p.tight && !p.pressure && !p.unmap_pages && !p.segregate);
         assert_eq!((p.slab_limit, p.growth), (38 * GIB, 1.0));
-        assert_eq!(p.backing, SlabBacking::Pages);
     }
 
     /// The rules one at a time: each row changes the sample or the limits and names what the
@@ -283,17 +271,7 @@ mod tests {
             fn(&mut Sample, &mut Limits, &mut Prior),
             fn(&Plan) -> bool,
         );
-        let rows: [Row; 14] = [
-            (
-                "backing: large handles when the policy asks for them, in every state",
-                |s, l, pr| (s.free, l.backing, pr.cycle_seen) = (GIB, Backing::LargeHandles, true),
-                |p| p.backing == SlabBacking::LargeHandles,
-            ),
-            (
-                "backing: whole slabs when the policy asks for them",
-                |_, l, _| l.backing = Backing::Whole,
-                |p| p.backing == SlabBacking::Whole,
-            ),
+        let rows: [Row; 12] = [
             (
                 "cycle: footprint under half its peak after the first interval",
                 |s, _, _| s.footprint = 4 * GIB,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::ConfigError;
 use crate::size::ByteSize;
-use crate::strategy::StrategyKind;
+use crate::strategy::{SlabBacking, StrategyKind};
 
 /// A size, or a fraction of the device's total memory ("5%", 0.05).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -268,24 +268,12 @@ pub struct SuballocPolicy {
     /// the slab at a time) or `whole` (one driver allocation per slab, released only empty).
     /// Only pages keep the promise down to passthrough's exact minimum; the others are for a
     /// device known to have room (see BENCHMARKS.md for what each costs and fails).
-    pub backing: Backing,
+    pub backing: SlabBacking,
     /// Under the adaptive policy, refuse slab placements that would strand memory beyond
     /// `bounds.strand_share` of the memory expected free at the peak; such requests get
     /// exact-size cached blocks. With it, what the allocator holds where no release can reach
     /// stays within what the device can spare at the workload's peak.
     pub strand_guard: bool,
-}
-
-/// How new slabs are backed by the device (`suballoc.backing`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Backing {
-    /// One physical handle per device page (2 MiB).
-    Pages,
-    /// An eighth of the slab per physical handle.
-    LargeHandles,
-    /// One driver allocation per slab.
-    Whole,
 }
 
 /// When the suballocator segregates slabs by size class.
@@ -309,7 +297,7 @@ impl Default for SuballocPolicy {
             loose_growth: 0.25,
             segregate: Segregate::Never,
             page_release: true,
-            backing: Backing::Pages,
+            backing: SlabBacking::Pages,
             strand_guard: true,
         }
     }

@@ -246,7 +246,6 @@ impl Engine {
                 sub.set_slab_limit(plan.slab_limit);
                 sub.set_segregate(plan.segregate);
                 sub.set_growth(plan.growth);
-                sub.set_backing(plan.backing);
             }
         }
         if s.idle <= plan.idle_target {

@@ -18,8 +18,8 @@ mod journal;
 
 pub use classify::{BUCKETS, bucket_of, bucket_range, class_name};
 pub use config::{
-    Backing, BoundsPolicy, CachingPolicy, OomPolicy, PRESETS, Policy, RoutingMode, RoutingPolicy, Segregate,
-    SizeOrFraction, SuballocPolicy,
+    BoundsPolicy, CachingPolicy, OomPolicy, PRESETS, Policy, RoutingMode, RoutingPolicy, Segregate, SizeOrFraction,
+    SuballocPolicy,
 };
 pub(crate) use constants::FIND_EXACT_STEPS;
 pub use controller::Engine;

@@ -31,8 +31,10 @@ use crate::size::{ALIGNMENT, GIB, MIB, round_up};
 /// page at a time (nothing strands), but the driver's cost goes with the number of physical
 /// handles (a create and a map each: 2 MiB pages make a 1 GiB slab 512 handles); large handles
 /// (an eighth of the slab) cost an eighth as many calls and release an eighth of the slab at a
-/// time; a whole slab is one driver allocation that goes back only when empty.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// time; a whole slab is one driver allocation that goes back only when empty. In policy files
+/// `suballoc.backing = "pages" | "large-handles" | "whole"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum SlabBacking {
     /// A physical handle per device page.
     #[default]
@@ -64,6 +66,8 @@ pub struct SuballocConfig {
     /// touches can be unmapped and given back even while their slab holds live blocks, so free
     /// space inside slabs is never stranded when memory runs short.
     pub page_release: bool,
+    /// How new slabs are backed where `page_release` applies.
+    pub backing: SlabBacking,
 }
 
 impl Default for SuballocConfig {
@@ -75,6 +79,7 @@ impl Default for SuballocConfig {
             max_empty_bytes: 0,
             segregate: false,
             page_release: false,
+            backing: SlabBacking::Pages,
         }
     }
 }
@@ -155,9 +160,6 @@ pub struct Suballoc {
     /// When set, a placement that would leave `pinned` over `consumed` by more than this is
     /// refused ([`Suballoc::allocate_guarded`]).
     strand_budget: Option<u64>,
-    /// How new slabs are backed where `page_release` is on; the engine chooses
-    /// ([`set_backing`](Self::set_backing)).
-    backing: SlabBacking,
     /// How the device's driver consumes memory (read once, on the first allocation).
     model: Option<Granularity>,
     /// Bytes of emptied slabs given back on frees so far because empty slabs passed
@@ -191,7 +193,6 @@ impl Suballoc {
             quiesced_at: None,
             pages: Vec::new(),
             strand_budget: None,
-            backing: SlabBacking::Pages,
             model: None,
             released_over_bound: 0,
             splices: Slots::new(),
@@ -342,16 +343,10 @@ impl Suballoc {
         self.strand_budget = budget;
     }
 
-    /// How new slabs are backed (where `page_release` is on and the device has virtual
-    /// memory; otherwise they are whole driver allocations). Slabs already made keep theirs.
-    pub fn set_backing(&mut self, backing: SlabBacking) {
-        self.backing = backing;
-    }
-
     /// The handle a new page-backed slab of `size` bytes is mapped in, on a device of `page`.
     pub(super) fn handle_for(&self, page: u64, size: u64) -> u64 {
         let eighth = size / 8;
-        if self.backing != SlabBacking::LargeHandles || eighth < page {
+        if self.config.backing != SlabBacking::LargeHandles || eighth < page {
             return page;
         }
         (1u64 << (63 - eighth.leading_zeros())).max(page)
@@ -359,7 +354,8 @@ impl Suballoc {
 
     /// The device's virtual memory when new slabs are backed by it.
     pub(super) fn vmm_for_new<'d>(&self, dev: &'d dyn Device) -> Option<&'d dyn VirtualMemory> {
-        self.paged_vmm(dev).filter(|_| self.backing != SlabBacking::Whole)
+        self.paged_vmm(dev)
+            .filter(|_| self.config.backing != SlabBacking::Whole)
     }
 
     /// Bytes pinned by live blocks over what the driver would consume for them, or 0 when the

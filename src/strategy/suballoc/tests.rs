@@ -9,11 +9,7 @@ use crate::size::{GIB, KIB};
 
 /// Runs `ops` random allocations and frees on `dev`; returns how many blocks were spliced.
 fn churn(dev: &SimDevice, config: SuballocConfig, seed: u64, ops: usize) -> u64 {
-    churn_with(dev, Suballoc::new(config), seed, ops)
-}
-
-/// [`churn`] on a suballocator already set up.
-fn churn_with(dev: &SimDevice, mut sub: Suballoc, seed: u64, ops: usize) -> u64 {
+    let mut sub = Suballoc::new(config);
     let mut rng = SplitMix64(seed);
     let mut live: Vec<(Grant, StreamId)> = Vec::new();
     let mut spliced = 0;
@@ -133,8 +129,7 @@ fn slabs_are_backed_as_the_engine_says() {
         (SlabBacking::Whole, 0, 1),
     ] {
         let dev = SimDevice::new(GIB);
-        let mut sub = Suballoc::new(config);
-        sub.set_backing(backing);
+        let mut sub = Suballoc::new(SuballocConfig { backing, ..config });
         let g = sub.allocate(&dev, MIB, 0).unwrap();
         let ops = dev.stats().ops;
         assert_eq!(
@@ -148,8 +143,10 @@ fn slabs_are_backed_as_the_engine_says() {
     }
     // A free 8 MiB handle in a slab in use goes back whole; a used one stays.
     let dev = SimDevice::new(GIB);
-    let mut sub = Suballoc::new(config);
-    sub.set_backing(SlabBacking::LargeHandles);
+    let mut sub = Suballoc::new(SuballocConfig {
+        backing: SlabBacking::LargeHandles,
+        ..config
+    });
     let blocks: Vec<Grant> = (0..16).map(|_| sub.allocate(&dev, 4 * MIB, 0).unwrap()).collect();
     for (i, g) in blocks.iter().enumerate().skip(2) {
         sub.deallocate(&dev, g.meta, 0, 1 + i as u64);
@@ -163,11 +160,11 @@ fn slabs_are_backed_as_the_engine_says() {
     assert_eq!(dev.leak_report().blocks, 0);
     for seed in 0..4 {
         let dev = SimDevice::new(48 * MIB);
-        let mut sub = Suballoc::new(SuballocConfig {
+        let config = SuballocConfig {
             page_release: true,
+            backing: SlabBacking::LargeHandles,
             ..SuballocConfig::default()
-        });
-        sub.set_backing(SlabBacking::LargeHandles);
-        churn_with(&dev, sub, seed, 3000);
+        };
+        churn(&dev, config, seed, 3000);
     }
 }

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
-use adaptalloc::{Allocator, size::ByteSize};
-use adaptalloc_cli::compare::{Contender, passthrough_min_capacity};
+use adaptalloc::size::ByteSize;
+use adaptalloc_cli::advice::run_with_advice;
+use adaptalloc_cli::compare::Contender;
 use adaptalloc_cli::trace::{ReplayOptions, ReplayTarget, load, replay_with};
 use anyhow::Context;
 
@@ -46,42 +47,47 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let repeat = args.run.repeat;
     let events = trace.events.len() as u64 * repeat as u64;
     let script = args.run.tenant.map(|t| t.script(events)).unwrap_or_default();
-    let dev = Arc::new(SimDevice::builder().capacity(capacity).tenants(script.clone()).build());
-    let device: Arc<dyn Device> = dev.clone();
+    let device = || Arc::new(SimDevice::builder().capacity(capacity).tenants(script.clone()).build());
     let options = ReplayOptions {
         repeat,
         sync_every: args.run.sync_every,
     };
-    // The policy the engine runs, when it runs one (its recommendation is replayed below).
-    let used_policy = match (&args.policy, &args.strategy) {
-        (_, Some(_)) => None,
-        (Some(p), None) => Some(Policy::load(p)?),
-        (None, None) => Some(Policy::default()),
+    let contender = match &args.strategy {
+        Some(name) => Some(
+            Contender::parse(name)
+                .with_context(|| format!("unknown strategy {name:?}; known: {}", Contender::known()))?,
+        ),
+        None => None,
     };
-    // `ours` is None for a peer allocator (no tuning report).
-    let (target, ours): (Box<dyn ReplayTarget>, Option<Allocator>) = match (&args.policy, &args.strategy) {
-        (_, Some(name)) => {
-            let c = Contender::parse(name)
-                .with_context(|| format!("unknown strategy {name:?}; known: {}", Contender::known()))?;
-            match c.build(device.clone()) {
-                Some(a) => (Box::new(a.clone()), Some(a)),
-                None => (c.target(device, &args.run.pytorch_conf), None),
-            }
-        }
-        (Some(p), None) => {
-            let policy = used_policy.clone().expect("loaded above");
+    // The policy the engine runs (a policy given, or the adaptive strategy), or None for a
+    // fixed strategy or a peer (no tuning report).
+    let policy = match (&args.policy, contender) {
+        (Some(p), _) => {
+            let policy = Policy::load(p)?;
             policy.check_fits(p, capacity)?;
-            let a = Allocator::with_policy(device, policy);
-            (Box::new(a.clone()), Some(a))
+            Some(policy)
         }
-        (None, None) => {
-            let a = Allocator::with_policy(device, Policy::default());
-            (Box::new(a.clone()), Some(a))
-        }
+        (None, None | Some(Contender::Adaptive)) => Some(Policy::default()),
+        (None, Some(_)) => None,
     };
-    let m = crate::progress::with_spinner("replaying", || {
-        replay_with(&trace, &*target, options, |i| dev.advance_clock(i))
-    });
+    let (m, dev, report) = match (policy, contender) {
+        (Some(policy), _) => {
+            let run = crate::progress::with_spinner("replaying", || run_with_advice(&trace, &policy, options, device));
+            (run.metrics, run.device, Some(run.report))
+        }
+        (None, Some(c)) => {
+            let dev = device();
+            let target: Box<dyn ReplayTarget> = match c.build(dev.clone() as Arc<dyn Device>) {
+                Some(a) => Box::new(a),
+                None => c.target(dev.clone() as Arc<dyn Device>, &args.run.pytorch_conf),
+            };
+            let m = crate::progress::with_spinner("replaying", || {
+                replay_with(&trace, &*target, options, |i| dev.advance_clock(i))
+            });
+            (m, dev, None)
+        }
+        (None, None) => unreachable!("no strategy means the default policy"),
+    };
     let mut text = format!(
         "{}: {} events on {}: {} failed allocations, {} driver allocations + {} frees, modelled driver time {:.1} ms, \
          peak live {}, peak reserved {}, {} tenant failures{}\n",
@@ -101,16 +107,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             String::new()
         }
     );
-    match ours.and_then(|a| a.report()) {
-        Some(mut report) => {
-            let used = used_policy.expect("an engine runs a policy");
-            let needed = passthrough_min_capacity(&trace, Granularity::default());
-            let replay_policy = |policy: &Policy| {
-                let dev = Arc::new(SimDevice::builder().capacity(capacity).tenants(script.clone()).build());
-                let a = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy.clone());
-                replay_with(&trace, &a, options, |i| dev.advance_clock(i))
-            };
-            adaptalloc_cli::advice::check_advice(&mut report, &used, &m, needed, capacity, replay_policy);
+    match report {
+        Some(report) => {
             text += &format!("\n{report}");
             if let Some(path) = &args.report {
                 report
