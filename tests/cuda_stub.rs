@@ -364,3 +364,62 @@ fn unmap_child() {
     assert_eq!((hooks.unsafe_unmaps)(), 0);
     println!("unmap checks passed");
 }
+
+/// AdaptSlice on the stub, through cudarc's own context and stream: it refuses an allocator
+/// whose device is not the stream's (a simulated device, and CUDA device 1 beside a stream on
+/// device 0) and a length whose bytes overflow, serves one on the stream's device, and gives the
+/// memory back to the allocator (never to cuMemFree) when dropped.
+#[test]
+fn adapt_slice_checks_the_device_and_returns_its_memory() {
+    if is_child("adapt_slice_checks_the_device_and_returns_its_memory") {
+        return adapt_slice_child();
+    }
+    in_child_on_stub(
+        "adapt_slice_checks_the_device_and_returns_its_memory",
+        &[("STUB_CUDA_DEVICES", "2")],
+        "adapt slice checks passed",
+    );
+}
+
+fn adapt_slice_child() {
+    use adaptalloc::SimDevice;
+    use adaptalloc::cudarc_ext::AdaptSlice;
+    let ctx = cudarc::driver::CudaContext::new(0).expect("a cudarc context on stub device 0");
+    let stream = ctx.default_stream();
+    let wrong = |alloc: &Allocator, what: &str| match AdaptSlice::<f32>::new(alloc, &stream, 1024) {
+        Err(AllocError::WrongDevice { stream_device: 0, .. }) => {}
+        other => panic!("{what}: expected WrongDevice, got {other:?}"),
+    };
+    wrong(
+        &Allocator::adaptive(Arc::new(SimDevice::new(1 << 30))),
+        "a simulated device",
+    );
+    wrong(
+        &Allocator::adaptive(Arc::new(CudaDevice::new(1).unwrap())),
+        "CUDA device 1",
+    );
+    let dev = Arc::new(CudaDevice::new(0).unwrap());
+    let alloc = Allocator::adaptive(dev.clone() as Arc<dyn Device>);
+    assert!(matches!(
+        AdaptSlice::<u64>::new(&alloc, &stream, usize::MAX),
+        Err(AllocError::SizeOverflow { elem_bytes: 8, .. })
+    ));
+    let slices: Vec<_> = (1..=4)
+        .map(|i| AdaptSlice::<f32>::new(&alloc, &stream, i << 18).expect("the stream's device"))
+        .collect();
+    assert_eq!(slices.iter().map(|s| s.len()).sum::<usize>(), 10 << 18);
+    assert_eq!(alloc.stats().live_bytes.current, 10 << 20);
+    drop(slices);
+    assert_eq!(
+        alloc.stats().live_bytes.current,
+        0,
+        "dropped slices go back to the allocator"
+    );
+    drop(alloc);
+    assert_eq!(
+        dev.mem_info().unwrap().free,
+        CAPACITY,
+        "every byte back once the allocator is gone"
+    );
+    println!("adapt slice checks passed");
+}

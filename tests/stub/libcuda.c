@@ -154,6 +154,22 @@ CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return
 CUresult cuStreamSynchronize(CUstream stream) { (void)stream; queued = 0; return SUCCESS; }
 /* No kernels run on the stub: every stream is always idle. */
 CUresult cuStreamQuery(CUstream stream) { (void)stream; return SUCCESS; }
+/* Events, as cudarc's CudaSlice records them (AdaptSlice): each a heap token, always complete. */
+typedef int *CUevent;
+CUresult cuEventCreate(CUevent *ev, unsigned flags) {
+    (void)flags;
+    if (!current) return INVALID_CONTEXT;
+    *ev = malloc(sizeof(int));
+    return *ev ? SUCCESS : OUT_OF_MEMORY;
+}
+CUresult cuEventDestroy_v2(CUevent ev) { if (!ev) return INVALID_VALUE; free(ev); return SUCCESS; }
+CUresult cuEventRecord(CUevent ev, CUstream stream) { (void)stream; return ev ? SUCCESS : INVALID_VALUE; }
+CUresult cuEventQuery(CUevent ev) { return ev ? SUCCESS : INVALID_VALUE; }
+CUresult cuEventSynchronize(CUevent ev) { return ev ? SUCCESS : INVALID_VALUE; }
+CUresult cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned flags) {
+    (void)stream; (void)flags;
+    return ev ? SUCCESS : INVALID_VALUE;
+}
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { (void)keep; return pool == &pool_token ? SUCCESS : INVALID_VALUE; }
 
 /* Virtual memory management: address ranges from a counter (never dereferenced), physical pages
