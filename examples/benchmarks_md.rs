@@ -125,6 +125,18 @@ fn main() {
         println!("| {t} | {v:.0} | {:.2} |", one / v);
     }
 
+    println!("\n## Streams never seen before (64 KiB pairs, each on a new stream)\n");
+    println!(
+        "After N streams served (untimed), criterion times pairs each on a further new stream; the allocator \
+         forgets streams that hold nothing, so the time per pair should not grow with N.\n"
+    );
+    let first = means.get("streams/adaptive_1000").copied().unwrap_or(f64::NAN);
+    println!("| streams seen first | ns per pair | / after 1,000 |\n|---|---|---|");
+    for (n, label) in [(1_000u32, "1,000"), (100_000, "100,000")] {
+        let v = means.get(&format!("streams/adaptive_{n}")).copied().unwrap_or(f64::NAN);
+        println!("| {label} | {v:.0} | {:.2} |", v / first);
+    }
+
     let traces = traces();
     println!("\n## Compare: every strategy on every trace\n");
     println!(

@@ -264,5 +264,30 @@ fn threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, pairs, churn, threads);
+/// Allocate+free pairs (64 KiB) each on a stream never seen before, after `seen` such streams:
+/// the time per pair must not grow with the streams the allocator has seen (it forgets streams
+/// that hold nothing). criterion times `iters` pairs on a fresh allocator that has first served
+/// `seen` streams (untimed).
+fn streams(c: &mut Criterion) {
+    let mut g = c.benchmark_group("streams");
+    g.sample_size(20);
+    for seen in [1_000u64, 100_000] {
+        g.bench_function(format!("adaptive/{seen}"), |b| {
+            b.iter_custom(|iters| {
+                let alloc = Allocator::adaptive(device());
+                let pair = |stream: u64| {
+                    let p = alloc.allocate_raw(64 << 10, stream).unwrap();
+                    alloc.deallocate(p, stream).unwrap();
+                };
+                (1..=seen).for_each(pair);
+                let start = Instant::now();
+                (seen + 1..=seen + iters).for_each(pair);
+                start.elapsed()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, pairs, churn, threads, streams);
 criterion_main!(benches);
