@@ -297,29 +297,46 @@ fn pages_are_unmapped_only_after_queued_work_is_done() {
     );
 }
 
-/// The stub's test hooks, found with dlsym in the libcuda the process loaded.
+/// The stub's test hooks, found with dlsym in the libcuda the process loaded. Streams are
+/// handle values, never dereferenced.
 struct StubHooks {
     queue_work: extern "C" fn(u64, usize),
     unsafe_unmaps: extern "C" fn() -> i32,
+    stream_work: extern "C" fn(usize, i32),
+    stream_finish: extern "C" fn(usize, i32),
+    stream_pending: extern "C" fn(usize) -> i32,
+    stream_syncs: extern "C" fn() -> i32,
+    event_syncs: extern "C" fn() -> i32,
 }
 
 fn stub_hooks() -> StubHooks {
-    use std::ffi::{c_char, c_int, c_void};
+    use std::ffi::{CStr, c_char, c_int, c_void};
     unsafe extern "C" {
         fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
         fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
     }
-    // SAFETY: the names are NUL-terminated literals; RTLD_NOW (2) opens the libcuda already
-    // loaded (the stub, found through LD_LIBRARY_PATH); the symbols have the stub's signatures.
+    // SAFETY: the name is a NUL-terminated literal; RTLD_NOW (2) opens the libcuda already
+    // loaded (the stub, found through LD_LIBRARY_PATH).
+    let lib = unsafe { dlopen(c"libcuda.so".as_ptr(), 2) };
+    assert!(!lib.is_null(), "the stub is loaded");
+    let sym = |name: &CStr| {
+        // SAFETY: a live handle from dlopen and a NUL-terminated name.
+        let f = unsafe { dlsym(lib, name.as_ptr()) };
+        assert!(!f.is_null(), "the stub's hook {name:?}");
+        f
+    };
+    // SAFETY: each symbol is the stub's function of that name, with the signature given.
     unsafe {
-        let lib = dlopen(c"libcuda.so".as_ptr(), 2);
-        assert!(!lib.is_null(), "the stub is loaded");
-        let queue = dlsym(lib, c"stub_queue_work".as_ptr());
-        let count = dlsym(lib, c"stub_unsafe_unmaps".as_ptr());
-        assert!(!queue.is_null() && !count.is_null(), "the stub's hooks");
         StubHooks {
-            queue_work: std::mem::transmute::<*mut c_void, extern "C" fn(u64, usize)>(queue),
-            unsafe_unmaps: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(count),
+            queue_work: std::mem::transmute::<*mut c_void, extern "C" fn(u64, usize)>(sym(c"stub_queue_work")),
+            unsafe_unmaps: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_unsafe_unmaps")),
+            stream_work: std::mem::transmute::<*mut c_void, extern "C" fn(usize, i32)>(sym(c"stub_stream_work")),
+            stream_finish: std::mem::transmute::<*mut c_void, extern "C" fn(usize, i32)>(sym(c"stub_stream_finish")),
+            stream_pending: std::mem::transmute::<*mut c_void, extern "C" fn(usize) -> i32>(sym(
+                c"stub_stream_pending",
+            )),
+            stream_syncs: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_stream_syncs")),
+            event_syncs: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_event_syncs")),
         }
     }
 }
@@ -422,4 +439,76 @@ fn adapt_slice_child() {
         "every byte back once the allocator is gone"
     );
     println!("adapt slice checks passed");
+}
+
+/// Stream-ordered reuse follows the work queued at the free, not the whole stream. Stream A
+/// frees the memory a queued kernel used, then the allocator frees on B (a checkpoint event is
+/// recorded on A), then A queues more work and never goes idle. When B runs out of memory:
+/// with A's first kernel done, A's memory serves B with no wait at all; with it still running,
+/// B waits on the event (that kernel), not on A's whole queue.
+#[test]
+fn freed_memory_waits_for_the_work_queued_at_the_free_not_the_whole_stream() {
+    if is_child("freed_memory_waits_for_the_work_queued_at_the_free_not_the_whole_stream") {
+        return checkpoint_child();
+    }
+    in_child_on_stub(
+        "freed_memory_waits_for_the_work_queued_at_the_free_not_the_whole_stream",
+        &[],
+        "checkpoint checks passed",
+    );
+}
+
+fn checkpoint_child() {
+    use adaptalloc::StrategyKind;
+    const A: u64 = 0xA000;
+    const B: u64 = 0xB000;
+    let hooks = stub_hooks();
+    for first_kernel_done in [true, false] {
+        let dev = Arc::new(CudaDevice::new(0).unwrap());
+        let alloc = Allocator::with_strategy(dev.clone() as Arc<dyn Device>, StrategyKind::Caching);
+        let (stream_syncs, event_syncs) = ((hooks.stream_syncs)(), (hooks.event_syncs)());
+        let on_a: Vec<u64> = (0..40).map(|_| alloc.allocate_raw(2 << 20, A).unwrap()).collect();
+        (hooks.stream_work)(A as usize, 1);
+        for p in on_a {
+            alloc.deallocate(p, A).unwrap();
+        }
+        let p = alloc.allocate_raw(1 << 20, B).unwrap();
+        alloc.deallocate(p, B).unwrap();
+        (hooks.stream_work)(A as usize, 5);
+        if first_kernel_done {
+            (hooks.stream_finish)(A as usize, 1);
+        }
+        let on_b: Vec<u64> = (0..40)
+            .map(|i| {
+                alloc
+                    .allocate_raw(2 << 20, B)
+                    .unwrap_or_else(|e| panic!("block {i} on B: {e}"))
+            })
+            .collect();
+        let s = alloc.stats();
+        let what = if first_kernel_done { "done" } else { "running" };
+        assert!(
+            s.stream_reclaims + s.stream_waits >= 1,
+            "{what}: A's memory was reclaimed"
+        );
+        assert_eq!(s.stream_waits, u64::from(!first_kernel_done), "{what}: waits");
+        assert_eq!(
+            (hooks.event_syncs)() - event_syncs,
+            i32::from(!first_kernel_done),
+            "{what}: a wait is on the checkpoint event"
+        );
+        assert_eq!((hooks.stream_syncs)(), stream_syncs, "{what}: never on A's whole queue");
+        assert_eq!(
+            (hooks.stream_pending)(A as usize),
+            5,
+            "{what}: A's later work still runs"
+        );
+        (hooks.stream_finish)(A as usize, 5);
+        for p in on_b {
+            alloc.deallocate(p, B).unwrap();
+        }
+        drop(alloc);
+        assert_eq!(dev.mem_info().unwrap().free, CAPACITY, "every byte back");
+    }
+    println!("checkpoint checks passed");
 }

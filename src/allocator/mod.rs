@@ -549,7 +549,7 @@ impl Shared {
         st.live.remove(ptr);
         st.op += 1;
         if live.recorded {
-            st.defer(ptr, live);
+            st.defer(&self.device, ptr, live);
             st.release_deferred(&self.device, false);
         } else {
             Self::release_block(&mut st, &self.device, ptr, live);
@@ -564,10 +564,8 @@ impl Shared {
     pub(super) fn release_block(st: &mut State, dev: &dyn Device, ptr: DevicePtr, live: Live) {
         let op = st.op;
         let si = live.strategy as usize;
-        if st.freed_on.note(live.stream, op) {
-            // Not the stream freeing now: reclaimed before its free, it would be forgotten
-            // before its free lists exist, and they would never be given up.
-            st.reclaim_streams(dev, Some(live.stream), false);
+        if !st.freed_on.note_same(live.stream, op) {
+            st.switch_stream(dev, live.stream, op);
         }
         st.strategies[si].deallocate(dev, ptr, live.block, live.meta, live.stream, op);
         if let Some(e) = st.engine.as_deref_mut() {

@@ -1,9 +1,14 @@
 //! Stream-ordered reuse. A block freed on stream A is reused at once by A; other streams may use
 //! it once A's work up to the free has completed. The allocator remembers, for each stream it
-//! freed memory on, the operation count of its last free; the device says whether a stream's
-//! queued work is done ([`Device::stream_done`]: `cuStreamQuery` on CUDA, never a wait) or waits
-//! for it ([`Device::stream_wait`]). A done stream's memory moves to the shared lists and the
-//! stream is forgotten, so per-stream state stays bounded by the streams with work in flight.
+//! freed memory on, the operation count of its last free; the device says whether the stream's
+//! work up to that free is done ([`Device::stream_done`], never a wait) or waits for it
+//! ([`Device::stream_wait_until`]). When frees move on to another stream, the device marks the
+//! stream left ([`Device::stream_checkpoint`]: on CUDA an event recorded on it), so that a
+//! stream that never goes idle still gives back what it freed, and a wait lasts until the
+//! free's point rather than until all work queued since; without a checkpoint that covers the
+//! free, the whole stream is asked (`cuStreamQuery`, `cuStreamSynchronize`). A done stream's
+//! memory moves to the shared lists and the stream is forgotten, so per-stream state stays
+//! bounded by the streams with work in flight.
 //!
 //! When: on the out-of-memory rung, for every stream but the requester's (queried first, then
 //! waited on, as PyTorch's `synchronize_and_free_events`), and when a free finds many streams
@@ -57,23 +62,31 @@ pub(super) struct FreedOn {
 const CROWDED: usize = 64;
 
 impl FreedOn {
-    /// Records a free on `stream` at operation `op`; true when so many streams are remembered
-    /// that the caller should reclaim. Cost: a compare and a store; a switch of stream is cold.
+    /// Records a free on `stream` at operation `op` when `stream` is the last free's: a compare
+    /// and a store. False, recording nothing, for another stream: the caller then takes
+    /// [`State::switch_stream`] (cold).
     #[inline]
-    pub fn note(&mut self, stream: StreamId, op: u64) -> bool {
-        let crowded = stream != self.last.0 && self.switch(stream);
-        self.last.1 = op;
-        crowded
+    pub fn note_same(&mut self, stream: StreamId, op: u64) -> bool {
+        let same = stream == self.last.0;
+        if same {
+            self.last.1 = op;
+        }
+        same
     }
 
+    /// Records a free on `stream` at `op`, another stream than the last free's. Returns the
+    /// stream left with its last free (None when it freed nothing since it was reclaimed), and
+    /// whether so many streams are remembered that the caller should reclaim.
     #[cold]
-    fn switch(&mut self, stream: StreamId) -> bool {
+    fn switch(&mut self, stream: StreamId, op: u64) -> (Option<(StreamId, u64)>, bool) {
         let (old, at) = self.last;
         if at > 0 {
             self.others.insert(old, at);
         }
-        self.last = (stream, self.others.remove(&stream).unwrap_or(0));
-        self.others.len() >= self.crowded_at.max(CROWDED)
+        self.others.remove(&stream);
+        self.last = (stream, op);
+        let left = (at > 0).then_some((old, at));
+        (left, self.others.len() >= self.crowded_at.max(CROWDED))
     }
 
     /// After a reclaim: the next one when twice as many streams as remain are remembered.
@@ -106,6 +119,22 @@ impl FreedOn {
 }
 
 impl State {
+    /// A free on `stream` at `op` when the last free was on another stream: the stream left is
+    /// checkpointed on the device ([`Device::stream_checkpoint`]), and when many streams are
+    /// remembered, those whose work is done are reclaimed. Cold: a change of stream.
+    #[cold]
+    pub(super) fn switch_stream(&mut self, dev: &dyn Device, stream: StreamId, op: u64) {
+        let (left, crowded) = self.freed_on.switch(stream, op);
+        if let Some((left, at)) = left {
+            dev.stream_checkpoint(left, at);
+        }
+        if crowded {
+            // Not the stream freeing now: reclaimed before its free, it would be forgotten
+            // before its free lists exist, and they would never be given up.
+            self.reclaim_streams(dev, Some(stream), false);
+        }
+    }
+
     /// Makes the memory freed on every stream whose work is done (all but `except`) usable by
     /// every stream; with `wait`, waits for the others' work first. Returns how many streams
     /// were reclaimed. Slow path: a device query per stream remembered.
@@ -121,7 +150,7 @@ impl State {
                 true
             } else if wait {
                 self.stats.stream_waits += 1;
-                match dev.stream_wait(stream) {
+                match dev.stream_wait_until(stream, freed_at) {
                     Ok(()) => true,
                     Err(e) => {
                         tracing::warn!(stream, error = %e, "cannot wait for the stream; its memory stays with it");
@@ -178,8 +207,11 @@ impl State {
 
     /// A block with recorded streams was freed: it waits for them.
     #[cold]
-    pub(super) fn defer(&mut self, ptr: DevicePtr, live: Live) {
+    pub(super) fn defer(&mut self, dev: &dyn Device, ptr: DevicePtr, live: Live) {
         let waits = self.recorded.remove(&ptr).unwrap_or_default();
+        for &s in &waits {
+            dev.stream_checkpoint(s, self.op);
+        }
         self.deferred.push_back(Deferred {
             ptr,
             live,
@@ -201,7 +233,7 @@ impl State {
                 }
                 if wait {
                     waited += 1;
-                    return dev.stream_wait(s).is_err();
+                    return dev.stream_wait_until(s, d.freed_at).is_err();
                 }
                 true
             });
@@ -234,20 +266,87 @@ impl State {
 mod tests {
     use super::*;
 
+    use std::sync::Mutex;
+
+    use crate::SimDevice;
+    use crate::device::{DeviceStats, MemInfo};
+    use crate::error::DeviceError;
+
+    /// A simulated device that records the checkpoints it is given.
+    #[derive(Debug)]
+    struct Checkpoints {
+        sim: SimDevice,
+        seen: Mutex<Vec<(StreamId, u64)>>,
+    }
+
+    impl Device for Checkpoints {
+        fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+            self.sim.allocate(bytes)
+        }
+        fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+            self.sim.free(ptr)
+        }
+        fn mem_info(&self) -> Result<MemInfo, DeviceError> {
+            self.sim.mem_info()
+        }
+        fn granularity(&self) -> u64 {
+            self.sim.granularity()
+        }
+        fn stream_checkpoint(&self, stream: StreamId, op: u64) {
+            self.seen.lock().unwrap().push((stream, op));
+        }
+        fn stats(&self) -> DeviceStats {
+            self.sim.stats()
+        }
+        fn name(&self) -> String {
+            "checkpoints".into()
+        }
+    }
+
+    fn checkpoints() -> Checkpoints {
+        Checkpoints {
+            sim: SimDevice::new(1 << 20),
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A free on `stream` at `op` as the free path records it; true when a reclaim is asked.
+    fn note(f: &mut FreedOn, stream: StreamId, op: u64) -> bool {
+        !f.note_same(stream, op) && f.switch(stream, op).1
+    }
+
+    /// A change of stream on the free path checkpoints the stream left at its last free
+    /// (through the allocator, each allocation and free an operation); frees on the same
+    /// stream, and the first free ever, checkpoint nothing.
+    #[test]
+    fn a_switch_checkpoints_the_stream_left_at_its_last_free() {
+        use std::sync::Arc;
+
+        use crate::Allocator;
+        use crate::strategy::StrategyKind;
+        let dev = Arc::new(checkpoints());
+        let alloc = Allocator::with_strategy(dev.clone(), StrategyKind::Caching);
+        for stream in [0, 0, 5, 5, 5, 0, 9] {
+            let p = alloc.allocate_raw(4096, stream).unwrap();
+            alloc.deallocate(p, stream).unwrap();
+        }
+        assert_eq!(*dev.seen.lock().unwrap(), [(0, 4), (5, 10), (0, 12)]);
+    }
+
     #[test]
     fn the_memo_keeps_the_last_stream_and_the_map_the_others() {
         let mut f = FreedOn::default();
-        assert!(!f.note(0, 1));
-        f.note(0, 2);
+        assert!(!note(&mut f, 0, 1));
+        note(&mut f, 0, 2);
         assert!(f.others.is_empty());
         assert_eq!(f.entries(), [(0, 2)]);
-        f.note(7, 3);
+        note(&mut f, 7, 3);
         assert!(!f.others.is_empty());
-        f.note(0, 4);
+        note(&mut f, 0, 4);
         assert_eq!(f.entries(), [(0, 4), (7, 3)]);
         f.forget(0);
         assert_eq!((f.entries(), f.len()), (vec![(7, 3)], 1));
-        f.note(7, 5);
+        note(&mut f, 7, 5);
         assert_eq!(f.entries(), [(7, 5)]);
         assert!(f.others.is_empty(), "the memo holds the only stream");
     }
@@ -255,12 +354,12 @@ mod tests {
     #[test]
     fn a_switch_asks_for_a_reclaim_when_crowded_and_the_limit_doubles() {
         let mut f = FreedOn::default();
-        let asks: Vec<u64> = (1..=CROWDED as u64 + 1).filter(|&s| f.note(s, s)).collect();
+        let asks: Vec<u64> = (1..=CROWDED as u64 + 1).filter(|&s| note(&mut f, s, s)).collect();
         assert_eq!(asks, [CROWDED as u64 + 1], "at {CROWDED} others");
         // A reclaim that freed nothing (65 remembered): the next ask when the others reach 130.
         f.reclaimed();
         let next = (CROWDED as u64 + 2..10 * CROWDED as u64)
-            .find(|&s| f.note(s, s))
+            .find(|&s| note(&mut f, s, s))
             .unwrap();
         assert_eq!(next as usize - 1, 2 * (CROWDED + 1));
     }

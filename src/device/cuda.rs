@@ -26,6 +26,9 @@ pub struct CudaDevice {
     pub(super) reservations: Mutex<super::cuda_vmm::Reservations>,
     /// Mappings of handles larger than a page (address -> size), made by `map_handles`.
     pub(super) mappings: Mutex<std::collections::BTreeMap<DevicePtr, u64>>,
+    /// Each stream's last checkpoint event (cuda_streams.rs).
+    pub(super) checkpoints:
+        Mutex<std::collections::HashMap<crate::strategy::StreamId, super::cuda_streams::Checkpoint>>,
 }
 
 // SAFETY: a CUcontext handle may be used from any thread once made current there; every call
@@ -102,6 +105,7 @@ impl CudaDevice {
             vmm_page: super::cuda_vmm::probe(device, ordinal),
             reservations: Mutex::new(Default::default()),
             mappings: Mutex::new(Default::default()),
+            checkpoints: Mutex::new(Default::default()),
         })
     }
 
@@ -241,33 +245,22 @@ impl Device for CudaDevice {
         self.vmm_page.map(|_| self as &dyn super::VirtualMemory)
     }
 
-    /// `cuStreamQuery` on `stream` read as a `CUstream` handle (what the C ABI passes; 0 is
-    /// the legacy default stream). Not ready, or any error (logged), reads as not done.
-    fn stream_done(&self, stream: crate::strategy::StreamId, _freed_at: u64, _now: u64) -> bool {
-        let Ok(_current) = self.make_current() else {
-            return false;
-        };
-        // SAFETY: the caller names a stream it allocated on, which is live while it has work
-        // or memory with us; the context is current. The driver only reads the handle.
-        let r = unsafe { sys::cuStreamQuery(stream as usize as sys::CUstream) };
-        match r {
-            sys::CUresult::CUDA_SUCCESS => true,
-            sys::CUresult::CUDA_ERROR_NOT_READY => false,
-            other => {
-                tracing::warn!(stream, error = ?other, "cuStreamQuery failed; the stream's memory stays with it");
-                false
-            }
-        }
+    /// The stream's checkpoint event when it covers the free at `freed_at`, else
+    /// `cuStreamQuery` on the whole stream (cuda_streams.rs). Never waits.
+    fn stream_done(&self, stream: crate::strategy::StreamId, freed_at: u64, _now: u64) -> bool {
+        self.done_since(stream, freed_at)
     }
 
     fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
-        let _current = self.make_current()?;
-        // SAFETY: as in `stream_done`.
-        let r = self.timed(
-            |o| &mut o.stream_sync,
-            || unsafe { sys::cuStreamSynchronize(stream as usize as sys::CUstream) },
-        );
-        check("cuStreamSynchronize", r)
+        self.wait_until(stream, u64::MAX)
+    }
+
+    fn stream_checkpoint(&self, stream: crate::strategy::StreamId, op: u64) {
+        self.checkpoint(stream, op)
+    }
+
+    fn stream_wait_until(&self, stream: crate::strategy::StreamId, freed_at: u64) -> Result<(), DeviceError> {
+        self.wait_until(stream, freed_at)
     }
 
     fn cuda_ordinal(&self) -> Option<i32> {
@@ -287,6 +280,9 @@ impl Device for CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        if let Ok(_current) = self.make_current() {
+            self.drop_checkpoints();
+        }
         // SAFETY: releases the retain taken in `new`; the driver is present since `new` succeeded.
         let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
     }

@@ -48,6 +48,12 @@ impl Device for Metered {
     fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
         self.inner.stream_wait(stream)
     }
+    fn stream_checkpoint(&self, stream: crate::strategy::StreamId, op: u64) {
+        self.inner.stream_checkpoint(stream, op)
+    }
+    fn stream_wait_until(&self, stream: crate::strategy::StreamId, freed_at: u64) -> Result<(), DeviceError> {
+        self.inner.stream_wait_until(stream, freed_at)
+    }
     fn cuda_ordinal(&self) -> Option<i32> {
         self.inner.cuda_ordinal()
     }

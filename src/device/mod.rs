@@ -13,6 +13,9 @@ mod cuda_vmm;
 // CUDA's stream-ordered pool, its driver calls (FFI as above).
 #[allow(unsafe_code)]
 mod cuda_pool;
+// Stream completion on CUDA: checkpoint events (FFI as above).
+#[allow(unsafe_code)]
+mod cuda_streams;
 mod metered;
 mod ops;
 mod sim;
@@ -142,9 +145,11 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn vmm(&self) -> Option<&dyn VirtualMemory> {
         None
     }
-    /// Whether all work queued on `stream` so far has completed (CUDA: `cuStreamQuery`), so
-    /// that memory freed on it may serve other streams. Never waits. `freed_at` is the
-    /// allocator's operation count at its last free on the stream and `now` the current one:
+    /// Whether `stream`'s work up to the allocator's last free on it has completed, so that
+    /// memory freed on it may serve other streams (CUDA: the event of a
+    /// [`stream_checkpoint`](Device::stream_checkpoint) that covers the free, else
+    /// `cuStreamQuery` on the whole stream). Never waits. `freed_at` is the allocator's
+    /// operation count at its last free on the stream and `now` the current one:
     /// [`SimDevice`] models in-flight work as completing a set number of operations after it
     /// was queued. The default, for a device that cannot tell, is false: memory freed on a
     /// stream then waits for [`stream_wait`](Device::stream_wait) or the caller's
@@ -158,6 +163,24 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
         let _ = stream;
         Ok(())
+    }
+    /// The allocator has stopped freeing on `stream` for now (it frees on another one) and its
+    /// last free there was at operation `op`: a device that can marks the stream's position
+    /// now (CUDA: an event recorded on it), so that [`stream_done`](Device::stream_done) and
+    /// [`stream_wait_until`](Device::stream_wait_until) can answer for the work up to that
+    /// free rather than for everything queued on the stream since. Called on the free path's
+    /// cold branch (a change of stream) and for streams recorded on a freed block. The
+    /// default does nothing.
+    fn stream_checkpoint(&self, stream: crate::strategy::StreamId, op: u64) {
+        let _ = (stream, op);
+    }
+    /// Waits until `stream`'s work up to the allocator's free at operation `freed_at` has
+    /// completed: on the event of a [`stream_checkpoint`](Device::stream_checkpoint) at or
+    /// after that free where there is one (CUDA: `cuEventSynchronize`), else on all of the
+    /// stream's work ([`stream_wait`](Device::stream_wait), the default).
+    fn stream_wait_until(&self, stream: crate::strategy::StreamId, freed_at: u64) -> Result<(), DeviceError> {
+        let _ = freed_at;
+        self.stream_wait(stream)
     }
     /// A stream-ordered pool (cudaMallocAsync) served `call` from memory it holds: a modelled
     /// device charges its price; a real one (the default) does nothing, as the pool's own

@@ -151,21 +151,71 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
     return r;
 }
 CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return cuMemFree_v2(ptr); }
-CUresult cuStreamSynchronize(CUstream stream) { (void)stream; queued = 0; return SUCCESS; }
-/* No kernels run on the stub: every stream is always idle. */
-CUresult cuStreamQuery(CUstream stream) { (void)stream; return SUCCESS; }
-/* Events, as cudarc's CudaSlice records them (AdaptSlice): each a heap token, always complete. */
-typedef int *CUevent;
+/* Kernels per stream, for tests: stub_stream_work(s, n) queues n on stream s (a handle value,
+ * never dereferenced), stub_stream_finish(s, n) completes the oldest n. A stream is idle when
+ * all it queued completed; cuStreamSynchronize completes its work (and, with cuCtxSynchronize,
+ * the ranges of stub_queue_work below), counted in stub_stream_syncs. */
+enum { MAX_STREAMS = 64, NOT_READY = 600 };
+static struct { CUstream s; unsigned long queued, done; } streams[MAX_STREAMS];
+static int stream_count, stream_syncs, event_syncs;
+static int stream_slot(CUstream s) {
+    for (int i = 0; i < stream_count; i++)
+        if (streams[i].s == s) return i;
+    if (stream_count == MAX_STREAMS) return -1;
+    streams[stream_count].s = s;
+    return stream_count++;
+}
+void stub_stream_work(CUstream s, int n) { int i = stream_slot(s); if (i >= 0) streams[i].queued += n; }
+void stub_stream_finish(CUstream s, int n) {
+    int i = stream_slot(s);
+    if (i < 0) return;
+    streams[i].done += n;
+    if (streams[i].done > streams[i].queued) streams[i].done = streams[i].queued;
+}
+int stub_stream_pending(CUstream s) { int i = stream_slot(s); return i < 0 ? 0 : (int)(streams[i].queued - streams[i].done); }
+int stub_stream_syncs(void) { return stream_syncs; }
+int stub_event_syncs(void) { return event_syncs; }
+CUresult cuStreamSynchronize(CUstream stream) {
+    int i = stream_slot(stream);
+    if (i >= 0) streams[i].done = streams[i].queued;
+    stream_syncs++;
+    queued = 0;
+    return SUCCESS;
+}
+CUresult cuStreamQuery(CUstream stream) {
+    int i = stream_slot(stream);
+    return i < 0 || streams[i].done == streams[i].queued ? SUCCESS : NOT_READY;
+}
+/* Events: an event recorded on a stream completes once the stream's work queued before the
+ * record has. cudarc's CudaSlice (AdaptSlice) and CudaDevice's checkpoints use them. */
+typedef struct { CUstream s; unsigned long target; int recorded; } *CUevent;
 CUresult cuEventCreate(CUevent *ev, unsigned flags) {
     (void)flags;
     if (!current) return INVALID_CONTEXT;
-    *ev = malloc(sizeof(int));
+    *ev = calloc(1, sizeof(**ev));
     return *ev ? SUCCESS : OUT_OF_MEMORY;
 }
 CUresult cuEventDestroy_v2(CUevent ev) { if (!ev) return INVALID_VALUE; free(ev); return SUCCESS; }
-CUresult cuEventRecord(CUevent ev, CUstream stream) { (void)stream; return ev ? SUCCESS : INVALID_VALUE; }
-CUresult cuEventQuery(CUevent ev) { return ev ? SUCCESS : INVALID_VALUE; }
-CUresult cuEventSynchronize(CUevent ev) { return ev ? SUCCESS : INVALID_VALUE; }
+CUresult cuEventRecord(CUevent ev, CUstream stream) {
+    if (!ev) return INVALID_VALUE;
+    int i = stream_slot(stream);
+    ev->s = stream;
+    ev->target = i < 0 ? 0 : streams[i].queued;
+    ev->recorded = 1;
+    return SUCCESS;
+}
+CUresult cuEventQuery(CUevent ev) {
+    if (!ev) return INVALID_VALUE;
+    int i = ev->recorded ? stream_slot(ev->s) : -1;
+    return i < 0 || streams[i].done >= ev->target ? SUCCESS : NOT_READY;
+}
+CUresult cuEventSynchronize(CUevent ev) {
+    if (!ev) return INVALID_VALUE;
+    int i = ev->recorded ? stream_slot(ev->s) : -1;
+    if (i >= 0 && streams[i].done < ev->target) streams[i].done = ev->target;
+    event_syncs++;
+    return SUCCESS;
+}
 CUresult cuStreamWaitEvent(CUstream stream, CUevent ev, unsigned flags) {
     (void)stream; (void)flags;
     return ev ? SUCCESS : INVALID_VALUE;
@@ -280,7 +330,11 @@ void stub_queue_work(CUdeviceptr ptr, size_t size) {
     if (queued < MAX_WORK) { work[queued].ptr = ptr; work[queued].size = size; queued++; }
 }
 int stub_unsafe_unmaps(void) { return unsafe_unmaps; }
-CUresult cuCtxSynchronize(void) { queued = 0; return SUCCESS; }
+CUresult cuCtxSynchronize(void) {
+    queued = 0;
+    for (int i = 0; i < stream_count; i++) streams[i].done = streams[i].queued;
+    return SUCCESS;
+}
 static int work_touches(CUdeviceptr ptr, size_t size) {
     for (int w = 0; w < queued; w++)
         if (work[w].ptr < ptr + size && ptr < work[w].ptr + work[w].size) return 1;
