@@ -307,6 +307,7 @@ struct StubHooks {
     stream_pending: extern "C" fn(usize) -> i32,
     stream_syncs: extern "C" fn() -> i32,
     event_syncs: extern "C" fn() -> i32,
+    live_events: extern "C" fn() -> i32,
 }
 
 fn stub_hooks() -> StubHooks {
@@ -337,6 +338,7 @@ fn stub_hooks() -> StubHooks {
             )),
             stream_syncs: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_stream_syncs")),
             event_syncs: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_event_syncs")),
+            live_events: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_live_events")),
         }
     }
 }
@@ -510,5 +512,25 @@ fn checkpoint_child() {
         drop(alloc);
         assert_eq!(dev.mem_info().unwrap().free, CAPACITY, "every byte back");
     }
+    // Checkpoint events stay bounded and none outlives its device: 3,000 streams, each freeing
+    // once while its work is queued (the stub tracks 64 streams; the rest read as idle).
+    let dev = Arc::new(CudaDevice::new(0).unwrap());
+    let alloc = Allocator::with_strategy(dev.clone() as Arc<dyn Device>, StrategyKind::Caching);
+    let mut most = 0;
+    for s in 1..=3000u64 {
+        let stream = 0x10_0000 + s * 16;
+        let p = alloc.allocate_raw(64 << 10, stream).unwrap();
+        (hooks.stream_work)(stream as usize, 1);
+        alloc.deallocate(p, stream).unwrap();
+        most = most.max((hooks.live_events)());
+    }
+    assert!(most <= 1100, "{most} checkpoint events at once");
+    drop(alloc);
+    drop(dev);
+    assert_eq!(
+        (hooks.live_events)(),
+        0,
+        "every checkpoint event destroyed with its device"
+    );
     println!("checkpoint checks passed");
 }

@@ -189,13 +189,17 @@ CUresult cuStreamQuery(CUstream stream) {
 /* Events: an event recorded on a stream completes once the stream's work queued before the
  * record has. cudarc's CudaSlice (AdaptSlice) and CudaDevice's checkpoints use them. */
 typedef struct { CUstream s; unsigned long target; int recorded; } *CUevent;
+static int live_events;
+int stub_live_events(void) { return live_events; }
 CUresult cuEventCreate(CUevent *ev, unsigned flags) {
     (void)flags;
     if (!current) return INVALID_CONTEXT;
     *ev = calloc(1, sizeof(**ev));
-    return *ev ? SUCCESS : OUT_OF_MEMORY;
+    if (!*ev) return OUT_OF_MEMORY;
+    live_events++;
+    return SUCCESS;
 }
-CUresult cuEventDestroy_v2(CUevent ev) { if (!ev) return INVALID_VALUE; free(ev); return SUCCESS; }
+CUresult cuEventDestroy_v2(CUevent ev) { if (!ev) return INVALID_VALUE; free(ev); live_events--; return SUCCESS; }
 CUresult cuEventRecord(CUevent ev, CUstream stream) {
     if (!ev) return INVALID_VALUE;
     int i = stream_slot(stream);
