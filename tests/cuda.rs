@@ -121,3 +121,44 @@ fn adapt_slice_checks_the_allocator_device() {
     let slice = AdaptSlice::<f32>::new(&alloc, &stream, 1024).expect("the stream's device");
     assert_eq!(slice.len(), 1024);
 }
+
+/// Checkpoints on a GPU: memsets queued on a stream, a checkpoint, then far more memsets. The
+/// checkpoint's work is not done at once; a wait until it returns while the later work still
+/// runs (the wait is on the event, not the whole stream). Prints the times.
+#[test]
+fn a_wait_until_a_checkpoint_leaves_later_work_running_on_a_gpu() {
+    use cudarc::driver::sys;
+    let Some(dev) = device() else { return };
+    let ctx = cudarc::driver::CudaContext::new(0).expect("a context on device 0");
+    let stream = ctx.new_stream().expect("a stream");
+    let id = adaptalloc::cudarc_ext::stream_id(&stream);
+    let bytes = 1usize << 30;
+    let buf = dev.allocate(bytes as u64).expect("1 GiB");
+    let memsets = |n: usize| {
+        for _ in 0..n {
+            // SAFETY: `buf` is a live 1 GiB allocation of this context; the stream is live.
+            let r = unsafe { sys::cuMemsetD8Async(buf, 0, bytes, stream.cu_stream()) };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+        }
+    };
+    let start = std::time::Instant::now();
+    memsets(20);
+    dev.stream_checkpoint(id, 1);
+    assert!(!dev.stream_done(id, 1, 2), "20 GiB of memsets are not done at once");
+    memsets(200);
+    dev.stream_wait_until(id, 1).expect("the wait");
+    let at_checkpoint = start.elapsed();
+    // SAFETY: a live stream of the current context (cudarc made it current).
+    let later = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
+    stream.synchronize().expect("the whole stream");
+    let whole = start.elapsed();
+    println!(
+        "checkpoint reached after {at_checkpoint:?}; the whole stream after {whole:?}; later work pending at the checkpoint: {later:?}"
+    );
+    assert_eq!(
+        later,
+        sys::CUresult::CUDA_ERROR_NOT_READY,
+        "200 GiB of memsets queued after the checkpoint were still running"
+    );
+    dev.free(buf).expect("free");
+}
