@@ -113,7 +113,7 @@ fn pool_calls_mem_info_and_stream_waits_are_priced() {
     dev.charge_pool_call(PoolCall::Alloc);
     dev.charge_pool_call(PoolCall::Free);
     dev.mem_info().unwrap();
-    dev.stream_wait(7).unwrap();
+    dev.stream_wait(7, u64::MAX).unwrap();
     let s = dev.stats();
     assert_eq!((s.ops.stream_sync.calls, s.ops.stream_sync.ns), (1, m.stream_sync_ns));
     assert_eq!(s.ops.async_alloc.ns, 2 * m.async_alloc_ns);

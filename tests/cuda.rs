@@ -146,7 +146,7 @@ fn a_wait_until_a_checkpoint_leaves_later_work_running_on_a_gpu() {
     dev.stream_checkpoint(id, 1);
     assert!(!dev.stream_done(id, 1, 2), "20 GiB of memsets are not done at once");
     memsets(200);
-    dev.stream_wait_until(id, 1).expect("the wait");
+    dev.stream_wait(id, 1).expect("the wait");
     let at_checkpoint = start.elapsed();
     // SAFETY: a live stream of the current context (cudarc made it current).
     let later = unsafe { sys::cuStreamQuery(stream.cu_stream()) };

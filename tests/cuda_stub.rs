@@ -250,7 +250,7 @@ fn context_child() {
         check("mem_info");
         assert!(d1.stream_done(0, 0, 0));
         check("stream_done");
-        d1.stream_wait(0).unwrap();
+        d1.stream_wait(0, u64::MAX).unwrap();
         check("stream_wait");
         let vmm = d1.vmm().unwrap();
         let va = vmm.reserve(2 << 20).unwrap();

@@ -2,7 +2,7 @@
 //! it once A's work up to the free has completed. The allocator remembers, for each stream it
 //! freed memory on, the operation count of its last free; the device says whether the stream's
 //! work up to that free is done ([`Device::stream_done`], never a wait) or waits for it
-//! ([`Device::stream_wait_until`]). When frees move on to another stream, the device marks the
+//! ([`Device::stream_wait`]). When frees move on to another stream, the device marks the
 //! stream left ([`Device::stream_checkpoint`]: on CUDA an event recorded on it), so that a
 //! stream that never goes idle still gives back what it freed, and a wait lasts until the
 //! free's point rather than until all work queued since; without a checkpoint that covers the
@@ -150,7 +150,7 @@ impl State {
                 true
             } else if wait {
                 self.stats.stream_waits += 1;
-                match dev.stream_wait_until(stream, freed_at) {
+                match dev.stream_wait(stream, freed_at) {
                     Ok(()) => true,
                     Err(e) => {
                         tracing::warn!(stream, error = %e, "cannot wait for the stream; its memory stays with it");
@@ -233,7 +233,7 @@ impl State {
                 }
                 if wait {
                     waited += 1;
-                    return dev.stream_wait_until(s, d.freed_at).is_err();
+                    return dev.stream_wait(s, d.freed_at).is_err();
                 }
                 true
             });

@@ -251,16 +251,12 @@ impl Device for CudaDevice {
         self.done_since(stream, freed_at)
     }
 
-    fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
-        self.wait_until(stream, u64::MAX)
+    fn stream_wait(&self, stream: crate::strategy::StreamId, freed_at: u64) -> Result<(), DeviceError> {
+        self.wait_until(stream, freed_at)
     }
 
     fn stream_checkpoint(&self, stream: crate::strategy::StreamId, op: u64) {
         self.checkpoint(stream, op)
-    }
-
-    fn stream_wait_until(&self, stream: crate::strategy::StreamId, freed_at: u64) -> Result<(), DeviceError> {
-        self.wait_until(stream, freed_at)
     }
 
     fn cuda_ordinal(&self) -> Option<i32> {

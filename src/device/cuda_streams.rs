@@ -2,7 +2,7 @@
 //! memory on it is done. When the allocator stops freeing on a stream for a while (it frees on
 //! another: [`Device::stream_checkpoint`](super::Device::stream_checkpoint)), an event is
 //! recorded on the stream. `stream_done` then queries that event, never waiting, when it covers
-//! the free asked about, and `stream_wait_until` waits on it: a stream that never goes idle
+//! the free asked about, and `stream_wait` waits on it: a stream that never goes idle
 //! still gives back what was freed on it earlier, and an out-of-memory wait lasts until the
 //! free's point, not until all the work queued since. Without a checkpoint that covers the
 //! free, the whole stream is asked (`cuStreamQuery`, `cuStreamSynchronize`).
@@ -10,6 +10,8 @@
 //! One event per stream with a checkpoint, re-recorded at the next one; destroyed once seen
 //! complete or waited on, and the complete ones swept whenever [`SWEEP_AT`] are held, so the
 //! table stays bounded by the streams with work still in flight.
+
+use std::collections::HashMap;
 
 use cudarc::driver::sys;
 
@@ -43,7 +45,15 @@ impl CudaDevice {
         };
         let mut cps = self.checkpoints.lock();
         if cps.len() >= SWEEP_AT && !cps.contains_key(&stream) {
-            cps.retain(|_, cp| !self.complete(cp.event));
+            cps.retain(|_, cp| {
+                // SAFETY: an event of this context, kept in the table until destroyed on
+                // removal (here, once complete); the context is current.
+                let done = unsafe { sys::cuEventQuery(cp.event) } == sys::CUresult::CUDA_SUCCESS;
+                if done {
+                    destroy(cp.event);
+                }
+                !done
+            });
         }
         let event = match cps.get(&stream) {
             Some(cp) => cp.event,
@@ -83,8 +93,7 @@ impl CudaDevice {
             // SAFETY: an event of this context, kept in the table until destroyed on removal.
             match unsafe { sys::cuEventQuery(cp.event) } {
                 sys::CUresult::CUDA_SUCCESS => {
-                    cps.remove(&stream);
-                    destroy(cp.event);
+                    forget(&mut cps, stream);
                     return true;
                 }
                 sys::CUresult::CUDA_ERROR_NOT_READY => return false,
@@ -94,9 +103,7 @@ impl CudaDevice {
         // SAFETY: as in `checkpoint` for the stream; the context is current.
         match unsafe { sys::cuStreamQuery(handle(stream)) } {
             sys::CUresult::CUDA_SUCCESS => {
-                if let Some(cp) = cps.remove(&stream) {
-                    destroy(cp.event);
-                }
+                forget(&mut cps, stream);
                 true
             }
             sys::CUresult::CUDA_ERROR_NOT_READY => false,
@@ -107,8 +114,8 @@ impl CudaDevice {
         }
     }
 
-    /// [`Device::stream_wait_until`](super::Device::stream_wait_until): on the checkpoint's
-    /// event when it covers the free at `freed_at` (u64::MAX: never, the whole stream), else
+    /// [`Device::stream_wait`](super::Device::stream_wait): on the checkpoint's
+    /// event when it covers the free at `freed_at` (`u64::MAX`: the whole stream), else
     /// `cuStreamSynchronize`. Timed as `stream_sync`.
     pub(super) fn wait_until(&self, stream: StreamId, freed_at: u64) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
@@ -118,8 +125,7 @@ impl CudaDevice {
             let r = self.timed(|o| &mut o.stream_sync, || unsafe { sys::cuEventSynchronize(cp.event) });
             match check("cuEventSynchronize", r) {
                 Ok(()) => {
-                    cps.remove(&stream);
-                    destroy(cp.event);
+                    forget(&mut cps, stream);
                     return Ok(());
                 }
                 Err(e) => tracing::warn!(stream, error = %e, "waiting on the whole stream instead"),
@@ -131,9 +137,7 @@ impl CudaDevice {
             || unsafe { sys::cuStreamSynchronize(handle(stream)) },
         );
         check("cuStreamSynchronize", r)?;
-        if let Some(cp) = cps.remove(&stream) {
-            destroy(cp.event);
-        }
+        forget(&mut cps, stream);
         Ok(())
     }
 
@@ -143,16 +147,12 @@ impl CudaDevice {
             destroy(cp.event);
         }
     }
+}
 
-    /// Whether `event`'s work is complete (an error reads as not complete).
-    fn complete(&self, event: sys::CUevent) -> bool {
-        // SAFETY: an event of this context, kept in the table until destroyed on removal; the
-        // caller made the context current.
-        let done = unsafe { sys::cuEventQuery(event) } == sys::CUresult::CUDA_SUCCESS;
-        if done {
-            destroy(event);
-        }
-        done
+/// Removes `stream`'s checkpoint, if any, and destroys its event.
+fn forget(cps: &mut HashMap<StreamId, Checkpoint>, stream: StreamId) {
+    if let Some(cp) = cps.remove(&stream) {
+        destroy(cp.event);
     }
 }
 

@@ -45,14 +45,11 @@ impl Device for Metered {
     fn stream_done(&self, stream: crate::strategy::StreamId, freed_at: u64, now: u64) -> bool {
         self.inner.stream_done(stream, freed_at, now)
     }
-    fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
-        self.inner.stream_wait(stream)
+    fn stream_wait(&self, stream: crate::strategy::StreamId, freed_at: u64) -> Result<(), DeviceError> {
+        self.inner.stream_wait(stream, freed_at)
     }
     fn stream_checkpoint(&self, stream: crate::strategy::StreamId, op: u64) {
         self.inner.stream_checkpoint(stream, op)
-    }
-    fn stream_wait_until(&self, stream: crate::strategy::StreamId, freed_at: u64) -> Result<(), DeviceError> {
-        self.inner.stream_wait_until(stream, freed_at)
     }
     fn cuda_ordinal(&self) -> Option<i32> {
         self.inner.cuda_ordinal()

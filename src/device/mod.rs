@@ -158,16 +158,10 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         let _ = (stream, freed_at, now);
         false
     }
-    /// Waits until all work queued on `stream` has completed (CUDA: `cuStreamSynchronize`).
-    /// The default, for a device with no queued work, returns at once.
-    fn stream_wait(&self, stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
-        let _ = stream;
-        Ok(())
-    }
     /// The allocator has stopped freeing on `stream` for now (it frees on another one) and its
     /// last free there was at operation `op`: a device that can marks the stream's position
     /// now (CUDA: an event recorded on it), so that [`stream_done`](Device::stream_done) and
-    /// [`stream_wait_until`](Device::stream_wait_until) can answer for the work up to that
+    /// [`stream_wait`](Device::stream_wait) can answer for the work up to that
     /// free rather than for everything queued on the stream since. Called on the free path's
     /// cold branch (a change of stream) and for streams recorded on a freed block. The
     /// default does nothing.
@@ -175,12 +169,13 @@ pub trait Device: Send + Sync + std::fmt::Debug {
         let _ = (stream, op);
     }
     /// Waits until `stream`'s work up to the allocator's free at operation `freed_at` has
-    /// completed: on the event of a [`stream_checkpoint`](Device::stream_checkpoint) at or
-    /// after that free where there is one (CUDA: `cuEventSynchronize`), else on all of the
-    /// stream's work ([`stream_wait`](Device::stream_wait), the default).
-    fn stream_wait_until(&self, stream: crate::strategy::StreamId, freed_at: u64) -> Result<(), DeviceError> {
-        let _ = freed_at;
-        self.stream_wait(stream)
+    /// completed (`u64::MAX`: all work queued on it): on CUDA, on the event of a
+    /// [`stream_checkpoint`](Device::stream_checkpoint) at or after that free where there is
+    /// one (`cuEventSynchronize`), else on the whole stream (`cuStreamSynchronize`). The
+    /// default, for a device with no queued work, returns at once.
+    fn stream_wait(&self, stream: crate::strategy::StreamId, freed_at: u64) -> Result<(), DeviceError> {
+        let _ = (stream, freed_at);
+        Ok(())
     }
     /// A stream-ordered pool (cudaMallocAsync) served `call` from memory it holds: a modelled
     /// device charges its price; a real one (the default) does nothing, as the pool's own

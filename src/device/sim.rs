@@ -448,7 +448,7 @@ impl Device for SimDevice {
     }
 
     /// Charged at the cost model's price (nothing runs on the simulated device to wait for).
-    fn stream_wait(&self, _stream: crate::strategy::StreamId) -> Result<(), DeviceError> {
+    fn stream_wait(&self, _stream: crate::strategy::StreamId, _freed_at: u64) -> Result<(), DeviceError> {
         let mut s = self.state.lock();
         s.stats.ops.stream_sync.charge(1, self.cost.stream_sync_ns);
         Ok(())
