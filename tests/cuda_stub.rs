@@ -320,25 +320,29 @@ fn stub_hooks() -> StubHooks {
     // loaded (the stub, found through LD_LIBRARY_PATH).
     let lib = unsafe { dlopen(c"libcuda.so".as_ptr(), 2) };
     assert!(!lib.is_null(), "the stub is loaded");
-    let sym = |name: &CStr| {
+    /// The stub's function `name` as an `F`.
+    ///
+    /// # Safety
+    /// `F` must be an `extern "C" fn` type with the stub function's signature.
+    unsafe fn sym<F: Copy>(lib: *mut c_void, name: &CStr) -> F {
         // SAFETY: a live handle from dlopen and a NUL-terminated name.
         let f = unsafe { dlsym(lib, name.as_ptr()) };
         assert!(!f.is_null(), "the stub's hook {name:?}");
-        f
-    };
-    // SAFETY: each symbol is the stub's function of that name, with the signature given.
+        // SAFETY: `f` is the function's address and `F` its pointer type (the caller's
+        // contract); both are one pointer wide.
+        unsafe { std::mem::transmute_copy::<*mut c_void, F>(&f) }
+    }
+    // SAFETY: each field's type is the signature of the stub function named beside it.
     unsafe {
         StubHooks {
-            queue_work: std::mem::transmute::<*mut c_void, extern "C" fn(u64, usize)>(sym(c"stub_queue_work")),
-            unsafe_unmaps: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_unsafe_unmaps")),
-            stream_work: std::mem::transmute::<*mut c_void, extern "C" fn(usize, i32)>(sym(c"stub_stream_work")),
-            stream_finish: std::mem::transmute::<*mut c_void, extern "C" fn(usize, i32)>(sym(c"stub_stream_finish")),
-            stream_pending: std::mem::transmute::<*mut c_void, extern "C" fn(usize) -> i32>(sym(
-                c"stub_stream_pending",
-            )),
-            stream_syncs: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_stream_syncs")),
-            event_syncs: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_event_syncs")),
-            live_events: std::mem::transmute::<*mut c_void, extern "C" fn() -> i32>(sym(c"stub_live_events")),
+            queue_work: sym(lib, c"stub_queue_work"),
+            unsafe_unmaps: sym(lib, c"stub_unsafe_unmaps"),
+            stream_work: sym(lib, c"stub_stream_work"),
+            stream_finish: sym(lib, c"stub_stream_finish"),
+            stream_pending: sym(lib, c"stub_stream_pending"),
+            stream_syncs: sym(lib, c"stub_stream_syncs"),
+            event_syncs: sym(lib, c"stub_event_syncs"),
+            live_events: sym(lib, c"stub_live_events"),
         }
     }
 }
