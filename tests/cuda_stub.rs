@@ -14,7 +14,7 @@ use adaptalloc_cli::compare::Contender;
 use adaptalloc_cli::synth::WorkloadSpec;
 use adaptalloc_cli::trace::replay;
 
-use common::stub::{run_on_stub, stub_or_skip};
+use common::stub::{run_on_stub, stub_hooks, stub_or_skip};
 
 const CHILD: &str = "ADAPTALLOC_STUB_CUDA_CHILD";
 const CAPACITY: u64 = 96 << 20;
@@ -297,56 +297,6 @@ fn pages_are_unmapped_only_after_queued_work_is_done() {
     );
 }
 
-/// The stub's test hooks, found with dlsym in the libcuda the process loaded. Streams are
-/// handle values, never dereferenced.
-struct StubHooks {
-    queue_work: extern "C" fn(u64, usize),
-    unsafe_unmaps: extern "C" fn() -> i32,
-    stream_work: extern "C" fn(usize, i32),
-    stream_finish: extern "C" fn(usize, i32),
-    stream_pending: extern "C" fn(usize) -> i32,
-    stream_syncs: extern "C" fn() -> i32,
-    event_syncs: extern "C" fn() -> i32,
-    live_events: extern "C" fn() -> i32,
-}
-
-fn stub_hooks() -> StubHooks {
-    use std::ffi::{CStr, c_char, c_int, c_void};
-    unsafe extern "C" {
-        fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
-        fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
-    }
-    // SAFETY: the name is a NUL-terminated literal; RTLD_NOW (2) opens the libcuda already
-    // loaded (the stub, found through LD_LIBRARY_PATH).
-    let lib = unsafe { dlopen(c"libcuda.so".as_ptr(), 2) };
-    assert!(!lib.is_null(), "the stub is loaded");
-    /// The stub's function `name` as an `F`.
-    ///
-    /// # Safety
-    /// `F` must be an `extern "C" fn` type with the stub function's signature.
-    unsafe fn sym<F: Copy>(lib: *mut c_void, name: &CStr) -> F {
-        // SAFETY: a live handle from dlopen and a NUL-terminated name.
-        let f = unsafe { dlsym(lib, name.as_ptr()) };
-        assert!(!f.is_null(), "the stub's hook {name:?}");
-        // SAFETY: `f` is the function's address and `F` its pointer type (the caller's
-        // contract); both are one pointer wide.
-        unsafe { std::mem::transmute_copy::<*mut c_void, F>(&f) }
-    }
-    // SAFETY: each field's type is the signature of the stub function named beside it.
-    unsafe {
-        StubHooks {
-            queue_work: sym(lib, c"stub_queue_work"),
-            unsafe_unmaps: sym(lib, c"stub_unsafe_unmaps"),
-            stream_work: sym(lib, c"stub_stream_work"),
-            stream_finish: sym(lib, c"stub_stream_finish"),
-            stream_pending: sym(lib, c"stub_stream_pending"),
-            stream_syncs: sym(lib, c"stub_stream_syncs"),
-            event_syncs: sym(lib, c"stub_event_syncs"),
-            live_events: sym(lib, c"stub_live_events"),
-        }
-    }
-}
-
 fn unmap_child() {
     use adaptalloc::strategy::SuballocConfig;
     use adaptalloc::{AllocatorConfig, StrategyConfig};
@@ -516,6 +466,25 @@ fn checkpoint_child() {
         drop(alloc);
         assert_eq!(dev.mem_info().unwrap().free, CAPACITY, "every byte back");
     }
+    // A checkpoint re-recorded for an older free still answers for the later one it covered
+    // (the event, re-recorded, covers both): never replaced by an older one. A stream at
+    // 0xD000: k0, a checkpoint for the free at op 10, k1, the stream left again with its free
+    // at op 5, then k2; once k0 and k1 are done the free at op 10 is done, while k2 runs.
+    let dev = CudaDevice::new(0).unwrap();
+    const D: u64 = 0xD000;
+    (hooks.stream_work)(D as usize, 1);
+    dev.stream_checkpoint(D, 10);
+    (hooks.stream_work)(D as usize, 1);
+    dev.stream_checkpoint(D, 5);
+    (hooks.stream_work)(D as usize, 1);
+    assert!(!dev.stream_done(D, 10, 11), "k0 and k1 run");
+    (hooks.stream_finish)(D as usize, 2);
+    assert!(
+        dev.stream_done(D, 10, 11),
+        "the free at op 10 is covered by the event, k2 aside"
+    );
+    (hooks.stream_finish)(D as usize, 1);
+    drop(dev);
     // Checkpoint events stay bounded and none outlives its device: 3,000 streams, each freeing
     // once while its work is queued (the stub tracks 64 streams; the rest read as idle).
     let dev = Arc::new(CudaDevice::new(0).unwrap());
@@ -537,4 +506,108 @@ fn checkpoint_child() {
         "every checkpoint event destroyed with its device"
     );
     println!("checkpoint checks passed");
+}
+
+/// The cross-stream reclaim race (issue 26): block p is freed on stream A while a kernel k1
+/// that uses it is queued there, and p is recorded on side stream B; A was checkpointed earlier
+/// by an event that covers only an older kernel k0. When another stream C asks, reclaiming B
+/// first releases p into A's free lists; A must then be asked for the work up to p's free, not
+/// answered by the older checkpoint, or C gets p while k1 runs. Both ways a reclaim starts (an
+/// out-of-memory wait; a free that finds 64 other streams remembered) and both orders of the
+/// stream handles (B below A and above it).
+#[test]
+fn a_reclaim_never_answers_a_stream_with_a_checkpoint_older_than_its_last_free() {
+    if is_child("a_reclaim_never_answers_a_stream_with_a_checkpoint_older_than_its_last_free") {
+        return reclaim_race_child();
+    }
+    in_child_on_stub(
+        "a_reclaim_never_answers_a_stream_with_a_checkpoint_older_than_its_last_free",
+        &[],
+        "reclaim race checks passed",
+    );
+}
+
+fn reclaim_race_child() {
+    use adaptalloc::StrategyKind;
+    const MIB: u64 = 1 << 20;
+    const A: u64 = 0xA000;
+    const X: u64 = 0x5_0000;
+    const C: u64 = 0xC_0000;
+    let hooks = stub_hooks();
+    for b in [0x1000u64, 0xF000] {
+        for crowded in [false, true] {
+            let what = format!(
+                "B {} A, {}",
+                if b < A { "below" } else { "above" },
+                if crowded {
+                    "crowded reclaim"
+                } else {
+                    "out-of-memory wait"
+                }
+            );
+            let dev = Arc::new(CudaDevice::new(0).unwrap());
+            let alloc = Allocator::with_strategy(dev.clone() as Arc<dyn Device>, StrategyKind::Caching);
+            let cycle = |size: u64, s: u64| {
+                let p = alloc.allocate_raw(size, s).unwrap();
+                alloc.deallocate(p, s).unwrap();
+            };
+            cycle(MIB, b); // B is remembered with a free of its own
+            let q = alloc.allocate_raw(MIB, A).unwrap();
+            (hooks.stream_work)(A as usize, 1); // k0
+            alloc.deallocate(q, A).unwrap();
+            cycle(MIB, X); // A is left: its checkpoint covers k0
+            let p = alloc.allocate_raw(32 * MIB, A).unwrap();
+            (hooks.stream_kernel)(A as usize, p, 32 << 20); // k1
+            alloc.record_stream(p, b).unwrap();
+            (hooks.stream_work)(b as usize, 1);
+            // Blocks that 64 streams will free later (allocated now: an allocation would
+            // release p at once once B is done, outside any reclaim).
+            let others: Vec<(u64, u64)> = (1..=66u64)
+                .map(|i| {
+                    (
+                        0x100_0000 + i * 16,
+                        alloc.allocate_raw(64 << 10, 0x100_0000 + i * 16).unwrap(),
+                    )
+                })
+                .collect();
+            alloc.deallocate(p, A).unwrap(); // waits for B: deferred
+            (hooks.stream_finish)(A as usize, 1); // k0 done, k1 still queued
+            // C's requests; each hand-out of p is checked against k1 at that moment.
+            let mut got = Vec::new();
+            let mut take = || {
+                let r = alloc.allocate_raw(32 * MIB, C);
+                if let Ok(ptr) = r {
+                    assert!(
+                        ptr != p || (hooks.stream_pending)(A as usize) == 0,
+                        "{what}: stream C got p while k1, queued on A before p's free, runs"
+                    );
+                    got.push(ptr);
+                }
+                r.is_ok()
+            };
+            if crowded {
+                (hooks.stream_finish)(b as usize, 1);
+                for &(s, ptr) in &others {
+                    alloc.deallocate(ptr, s).unwrap();
+                }
+                assert!(take(), "{what}: C is served");
+            } else {
+                while take() {}
+            }
+            let s = alloc.stats();
+            assert!(s.stream_reclaims + s.stream_waits > 0, "{what}: a reclaim ran ({s:?})");
+            if !crowded {
+                for &(s, ptr) in &others {
+                    alloc.deallocate(ptr, s).unwrap();
+                }
+            }
+            (hooks.stream_finish)(A as usize, 1);
+            for ptr in got {
+                alloc.deallocate(ptr, C).unwrap();
+            }
+            drop(alloc);
+            assert_eq!(dev.mem_info().unwrap().free, CAPACITY, "{what}: every byte back");
+        }
+    }
+    println!("reclaim race checks passed");
 }

@@ -2,6 +2,7 @@
 //! on one allocator, and parsers fed garbage. Figures are printed for RELIABILITY.md.
 
 mod common;
+mod stream_harness;
 
 use common::all_traces;
 
@@ -268,4 +269,88 @@ fn idle_memory_goes_back_within_a_bounded_number_of_operations() {
     common::figure(&format!(
         "idle memory given back at most {worst} operations after a co-tenant's grab (bound {interval})"
     ));
+}
+
+const HARNESS_CHILD: &str = "ADAPTALLOC_STREAM_HARNESS_VMM";
+/// Steps per configuration (12 of them: VMM on and off x default, suballoc and caching x stream
+/// handles ascending and descending); ADAPTALLOC_STREAM_HARNESS_STEPS overrides it.
+const HARNESS_STEPS: u64 = 250_000;
+
+/// The stream harness (tests/stream_harness): random interleavings on the stub libcuda across
+/// 96 streams, every hand-out checked against a shadow of the kernels still using freed memory.
+/// No block may go to another stream before the work queued on it before its free is done, and
+/// no page may be unmapped while a kernel uses it. Runs in two child processes on the stub (VMM
+/// on and off), at the same time.
+#[test]
+fn no_block_is_handed_out_before_its_work_is_done() {
+    const NAME: &str = "no_block_is_handed_out_before_its_work_is_done";
+    if let Ok(vmm) = std::env::var(HARNESS_CHILD) {
+        return harness_child(&vmm);
+    }
+    let Some(dir) = common::stub::stub_or_skip("harness") else {
+        return;
+    };
+    let children: Vec<_> = ["1", "0"]
+        .into_iter()
+        .map(|vmm| {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+                cmd.args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+                    .env(HARNESS_CHILD, vmm)
+                    .env("STUB_CUDA_VMM", vmm);
+                common::stub::run_on_stub(&mut cmd, &dir, 32 << 20)
+            })
+        })
+        .collect();
+    let results: Vec<_> = children.into_iter().map(|c| c.join().unwrap()).collect();
+    for (ok, text) in &results {
+        eprint!(
+            "{}",
+            text.lines()
+                .filter(|l| l.starts_with("FIGURE"))
+                .map(|l| format!("{l}\n"))
+                .collect::<String>()
+        );
+        assert!(ok, "the harness found unsafe reuse:\n{text}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The harness in a child on the stub, VMM as `vmm` says: every set-up, stream handles both ways.
+fn harness_child(vmm: &str) {
+    use stream_harness::{Setup, run};
+    let steps = std::env::var("ADAPTALLOC_STREAM_HARNESS_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(HARNESS_STEPS);
+    let hooks = common::stub::stub_hooks();
+    let mut bad = Vec::new();
+    let start = std::time::Instant::now();
+    for (i, setup) in Setup::ALL.into_iter().enumerate() {
+        for descending in [false, true] {
+            let seed = 0x5eed + 2 * i as u64 + descending as u64 + if vmm == "1" { 100 } else { 0 };
+            let o = run(&hooks, setup, descending, steps, seed);
+            let order = if descending { "descending" } else { "ascending" };
+            common::figure(&format!(
+                "stream harness, VMM {vmm}, {setup:?}, handles {order}: {} steps, {} hand-outs, {} kernels, {} out of memory, {} stream reclaims, {} stream waits, {} unsafe hand-outs, {} unsafe unmaps",
+                o.steps,
+                o.handouts,
+                o.kernels,
+                o.out_of_memory,
+                o.stream_reclaims,
+                o.stream_waits,
+                o.unsafe_handouts,
+                o.unsafe_unmaps
+            ));
+            if o.unsafe_handouts > 0 || o.unsafe_unmaps > 0 {
+                bad.push(format!("VMM {vmm}, {setup:?}, {order}: {:?}", o.first));
+            }
+        }
+    }
+    common::figure(&format!(
+        "stream harness, VMM {vmm}: {:.1} s",
+        start.elapsed().as_secs_f64()
+    ));
+    assert!(bad.is_empty(), "unsafe reuse:\n{}", bad.join("\n"));
 }

@@ -104,6 +104,14 @@ impl FreedOn {
         v
     }
 
+    /// The operation count of `stream`'s last free, if it is remembered.
+    fn last_free(&self, stream: StreamId) -> Option<u64> {
+        if self.last.0 == stream && self.last.1 > 0 {
+            return Some(self.last.1);
+        }
+        self.others.get(&stream).copied()
+    }
+
     /// Forgets `stream` (its work is done).
     pub fn forget(&mut self, stream: StreamId) {
         if self.last.0 == stream {
@@ -141,10 +149,18 @@ impl State {
     #[cold]
     pub(super) fn reclaim_streams(&mut self, dev: &dyn Device, except: Option<StreamId>, wait: bool) -> usize {
         let mut reclaimed = 0;
-        for (stream, freed_at) in self.freed_on.entries() {
+        for (stream, _) in self.freed_on.entries() {
             if Some(stream) == except {
                 continue;
             }
+            // Asked afresh, never from the list taken above: reclaiming an earlier stream can
+            // release deferred blocks into this one's free lists (a block freed here and
+            // recorded on that stream), which moves its last free past the one listed. A
+            // completion answered for the older free would hand those blocks out while the
+            // work queued before their free still runs.
+            let Some(freed_at) = self.freed_on.last_free(stream) else {
+                continue; // forgotten meanwhile: its memory already serves every stream
+            };
             let done = if dev.stream_done(stream, freed_at, self.op) {
                 self.stats.stream_reclaims += 1;
                 true

@@ -55,8 +55,10 @@ impl CudaDevice {
                 !done
             });
         }
-        let event = match cps.get(&stream) {
-            Some(cp) => cp.event,
+        // Re-recorded now, the event covers every free the old record did: the op it answers
+        // for never goes back (a checkpoint for a later free is never replaced by an older one).
+        let (event, op) = match cps.get(&stream) {
+            Some(cp) => (cp.event, cp.op.max(op)),
             None => {
                 let mut event = std::ptr::null_mut();
                 let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
@@ -65,7 +67,7 @@ impl CudaDevice {
                     tracing::warn!(stream, error = %e, "no checkpoint event; the stream is asked as a whole");
                     return;
                 }
-                event
+                (event, op)
             }
         };
         // SAFETY: `event` was created in this context (above, or earlier and kept in the table

@@ -51,3 +51,59 @@ pub fn run_on_stub(cmd: &mut Command, dir: &std::path::Path, capacity: u64) -> (
     );
     (out.status.success(), text)
 }
+
+/// The stub's test hooks, found with dlsym in the libcuda the process loaded. Streams are
+/// handle values, never dereferenced.
+pub struct StubHooks {
+    pub queue_work: extern "C" fn(u64, usize),
+    pub unsafe_unmaps: extern "C" fn() -> i32,
+    pub stream_work: extern "C" fn(usize, i32),
+    pub stream_finish: extern "C" fn(usize, i32),
+    pub stream_pending: extern "C" fn(usize) -> i32,
+    pub stream_syncs: extern "C" fn() -> i32,
+    pub event_syncs: extern "C" fn() -> i32,
+    pub live_events: extern "C" fn() -> i32,
+    /// Kernels completed on a stream so far.
+    pub stream_completed: extern "C" fn(usize) -> u64,
+    /// Queues a kernel using a range on a stream; returns its place in the stream's queue.
+    pub stream_kernel: extern "C" fn(usize, u64, usize) -> u64,
+}
+
+pub fn stub_hooks() -> StubHooks {
+    use std::ffi::{CStr, c_char, c_int, c_void};
+    unsafe extern "C" {
+        fn dlopen(name: *const c_char, flags: c_int) -> *mut c_void;
+        fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void;
+    }
+    // SAFETY: the name is a NUL-terminated literal; RTLD_NOW (2) opens the libcuda already
+    // loaded (the stub, found through LD_LIBRARY_PATH).
+    let lib = unsafe { dlopen(c"libcuda.so".as_ptr(), 2) };
+    assert!(!lib.is_null(), "the stub is loaded");
+    /// The stub's function `name` as an `F`.
+    ///
+    /// # Safety
+    /// `F` must be an `extern "C" fn` type with the stub function's signature.
+    unsafe fn sym<F: Copy>(lib: *mut c_void, name: &CStr) -> F {
+        // SAFETY: a live handle from dlopen and a NUL-terminated name.
+        let f = unsafe { dlsym(lib, name.as_ptr()) };
+        assert!(!f.is_null(), "the stub's hook {name:?}");
+        // SAFETY: `f` is the function's address and `F` its pointer type (the caller's
+        // contract); both are one pointer wide.
+        unsafe { std::mem::transmute_copy::<*mut c_void, F>(&f) }
+    }
+    // SAFETY: each field's type is the signature of the stub function named beside it.
+    unsafe {
+        StubHooks {
+            queue_work: sym(lib, c"stub_queue_work"),
+            unsafe_unmaps: sym(lib, c"stub_unsafe_unmaps"),
+            stream_work: sym(lib, c"stub_stream_work"),
+            stream_finish: sym(lib, c"stub_stream_finish"),
+            stream_pending: sym(lib, c"stub_stream_pending"),
+            stream_syncs: sym(lib, c"stub_stream_syncs"),
+            event_syncs: sym(lib, c"stub_event_syncs"),
+            live_events: sym(lib, c"stub_live_events"),
+            stream_completed: sym(lib, c"stub_stream_completed"),
+            stream_kernel: sym(lib, c"stub_stream_kernel"),
+        }
+    }
+}

@@ -109,10 +109,13 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     return OUT_OF_MEMORY;
 }
 
-CUresult cuMemFree_v2(CUdeviceptr ptr) {
+static void synchronize_device(void);
+/* cuMemFree synchronizes the device, as cudaFree does: queued work is done once it returns. */
+static CUresult free_block(CUdeviceptr ptr, int sync) {
     for (int i = 0; i < MAX_BLOCKS; i++) {
         if (blocks[i].ptr == ptr && ptr) {
             if (blocks[i].dev != current_device()) return INVALID_CONTEXT;
+            if (sync) synchronize_device();
             free((void *)(uintptr_t)ptr);
             used -= blocks[i].size;
             blocks[i].ptr = 0;
@@ -121,6 +124,7 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
     }
     return INVALID_VALUE;
 }
+CUresult cuMemFree_v2(CUdeviceptr ptr) { return free_block(ptr, 1); }
 
 /* The stream-ordered pool: allocations as above (no caching), the pool's high watermark kept. */
 typedef void *CUmemoryPool;
@@ -150,12 +154,13 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
     if (r == SUCCESS && used > pool_high) pool_high = used;
     return r;
 }
-CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return cuMemFree_v2(ptr); }
+/* Stream-ordered: no synchronization. */
+CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream) { (void)stream; return free_block(ptr, 0); }
 /* Kernels per stream, for tests: stub_stream_work(s, n) queues n on stream s (a handle value,
  * never dereferenced), stub_stream_finish(s, n) completes the oldest n. A stream is idle when
  * all it queued completed; cuStreamSynchronize completes its work (and, with cuCtxSynchronize,
  * the ranges of stub_queue_work below), counted in stub_stream_syncs. */
-enum { MAX_STREAMS = 64, NOT_READY = 600 };
+enum { MAX_STREAMS = 256, NOT_READY = 600 };
 static struct { CUstream s; unsigned long queued, done; } streams[MAX_STREAMS];
 static int stream_count, stream_syncs, event_syncs;
 static int stream_slot(CUstream s) {
@@ -173,6 +178,8 @@ void stub_stream_finish(CUstream s, int n) {
     if (streams[i].done > streams[i].queued) streams[i].done = streams[i].queued;
 }
 int stub_stream_pending(CUstream s) { int i = stream_slot(s); return i < 0 ? 0 : (int)(streams[i].queued - streams[i].done); }
+/* Kernels completed on stream s so far (a kernel queued as the n-th on s is done once this is >= n). */
+unsigned long stub_stream_completed(CUstream s) { int i = stream_slot(s); return i < 0 ? ~0UL : streams[i].done; }
 int stub_stream_syncs(void) { return stream_syncs; }
 int stub_event_syncs(void) { return event_syncs; }
 CUresult cuStreamSynchronize(CUstream stream) {
@@ -334,14 +341,43 @@ void stub_queue_work(CUdeviceptr ptr, size_t size) {
     if (queued < MAX_WORK) { work[queued].ptr = ptr; work[queued].size = size; queued++; }
 }
 int stub_unsafe_unmaps(void) { return unsafe_unmaps; }
-CUresult cuCtxSynchronize(void) {
-    queued = 0;
-    for (int i = 0; i < stream_count; i++) streams[i].done = streams[i].queued;
-    return SUCCESS;
+/* Kernels that use a range and run on a stream, for the stream harness: stub_stream_kernel(s,
+ * ptr, size) queues one on stream s and returns its place in s's queue (it is done once
+ * stub_stream_completed(s) reaches that). Unmapping a range a pending kernel uses fails as above. */
+enum { MAX_KERNELS = 1 << 14 };
+static struct { CUdeviceptr ptr; size_t size; int slot; unsigned long index; } kernels[MAX_KERNELS];
+static int kernel_count;
+static int kernel_pending(int k) { return streams[kernels[k].slot].done < kernels[k].index; }
+unsigned long stub_stream_kernel(CUstream s, CUdeviceptr ptr, size_t size) {
+    int i = stream_slot(s);
+    if (i < 0) return 0;
+    if (kernel_count == MAX_KERNELS) { /* forget the finished ones */
+        int kept = 0;
+        for (int k = 0; k < kernel_count; k++)
+            if (kernel_pending(k)) kernels[kept++] = kernels[k];
+        kernel_count = kept;
+    }
+    unsigned long index = ++streams[i].queued;
+    if (kernel_count < MAX_KERNELS) {
+        kernels[kernel_count].ptr = ptr;
+        kernels[kernel_count].size = size;
+        kernels[kernel_count].slot = i;
+        kernels[kernel_count].index = index;
+        kernel_count++;
+    }
+    return index;
 }
+static void synchronize_device(void) {
+    queued = 0;
+    kernel_count = 0;
+    for (int i = 0; i < stream_count; i++) streams[i].done = streams[i].queued;
+}
+CUresult cuCtxSynchronize(void) { synchronize_device(); return SUCCESS; }
 static int work_touches(CUdeviceptr ptr, size_t size) {
     for (int w = 0; w < queued; w++)
         if (work[w].ptr < ptr + size && ptr < work[w].ptr + work[w].size) return 1;
+    for (int k = 0; k < kernel_count; k++)
+        if (kernel_pending(k) && kernels[k].ptr < ptr + size && ptr < kernels[k].ptr + kernels[k].size) return 1;
     return 0;
 }
 
