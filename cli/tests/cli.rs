@@ -307,6 +307,14 @@ fn bad_input_is_a_one_line_error_with_exit_code_2() {
             "unknown-free.csv:2: free of id 0x99",
         ),
         (write("not-snapshot.pickle", b"\x80\x02K\x01."), "not-snapshot.pickle"),
+        // 254 bytes of lists that each hold the one below twice, 40 deep (2^41 nodes expanded).
+        (
+            write(
+                "shared-lists.pickle",
+                include_bytes!("../../fuzz/seeds/snapshot/shared-lists-40-deep.pickle"),
+            ),
+            "shared-lists.pickle: not a readable pickle: its shared references expand",
+        ),
         (write("empty.csv", b""), "empty.csv: empty file"),
         (
             write("binary.bin", &[0u8, 255, 13, 7, 0, 1]),

@@ -213,19 +213,52 @@ pub fn read(data: &[u8]) -> Result<Value, String> {
         }
     }
     let top = stack.pop().ok_or("empty pickle")?;
-    convert(&a, top, 0)
+    let mut budget = Budget {
+        left: data.len().saturating_mul(EXPANSION).max(MIN_BUDGET),
+        input: data.len(),
+    };
+    convert(&a, top, 0, &mut budget)
 }
 
-fn convert(a: &Arena, v: V, depth: usize) -> Result<Value, String> {
+/// How much larger than its pickle a decoded value may be, in [`Budget`] units (a node, or 32
+/// bytes of a string) per input byte. Shared references are expanded into copies, as snapshots
+/// share frame dicts between entries: the 13 snapshots in ../shared/traces expand to 0.5 to 3.5
+/// units a byte. A pickle of lists that each hold the one below twice, 40 deep, would expand
+/// to 2^41 nodes from a few hundred bytes, and is refused instead.
+pub const EXPANSION: usize = 16;
+/// The budget of a small pickle.
+const MIN_BUDGET: usize = 1 << 20;
+
+/// The decoded nodes left to a read: each copy of a shared reference is charged again, so the
+/// time and memory a read takes stay proportional to its input.
+struct Budget {
+    left: usize,
+    input: usize,
+}
+
+impl Budget {
+    fn charge(&mut self, units: usize) -> Result<(), String> {
+        self.left = self.left.checked_sub(units).ok_or_else(|| {
+            format!(
+                "its shared references expand to more than {EXPANSION} values a byte of its {} bytes: not a PyTorch memory snapshot",
+                self.input
+            )
+        })?;
+        Ok(())
+    }
+}
+
+fn convert(a: &Arena, v: V, depth: usize, budget: &mut Budget) -> Result<Value, String> {
     if depth > MAX_DEPTH {
         return Err(format!(
             "nested deeper than {MAX_DEPTH} levels: not a PyTorch memory snapshot"
         ));
     }
-    let seq = |i: usize| {
+    budget.charge(1)?;
+    let mut seq = |i: usize| {
         a.seqs[i]
             .iter()
-            .map(|&x| convert(a, x, depth + 1))
+            .map(|&x| convert(a, x, depth + 1, budget))
             .collect::<Result<Vec<_>, _>>()
     };
     Ok(match v {
@@ -233,17 +266,23 @@ fn convert(a: &Arena, v: V, depth: usize) -> Result<Value, String> {
         V::Bool(b) => Value::Bool(b),
         V::Int(i) => Value::I64(i),
         V::Float(f) => Value::F64(f),
-        V::Str(i) => Value::String(a.strings[i].clone()),
-        V::Bytes(i) => Value::Bytes(a.bytes[i].clone()),
+        V::Str(i) => {
+            budget.charge(a.strings[i].len() / 32)?;
+            Value::String(a.strings[i].clone())
+        }
+        V::Bytes(i) => {
+            budget.charge(a.bytes[i].len() / 32)?;
+            Value::Bytes(a.bytes[i].clone())
+        }
         V::List(i) => Value::List(seq(i)?),
         V::Tuple(i) => Value::Tuple(seq(i)?),
         V::Dict(i) => {
             let mut m = BTreeMap::new();
             for &(k, x) in &a.dicts[i] {
-                let key = convert(a, k, depth + 1)?
+                let key = convert(a, k, depth + 1, budget)?
                     .into_hashable()
                     .map_err(|_| "a list or dict used as a dict key".to_string())?;
-                m.insert(key, convert(a, x, depth + 1)?);
+                m.insert(key, convert(a, x, depth + 1, budget)?);
             }
             Value::Dict(m)
         }
@@ -274,5 +313,30 @@ mod tests {
         let e = read(&deep).unwrap_err();
         assert!(e.contains("nested deeper"), "{e}");
         assert!(read(b"\x80\x04}").unwrap_err().contains("truncated"));
+    }
+
+    /// Shared references are charged per copy: lists that each hold the one below twice, 40
+    /// deep (254 bytes, what `pickle.dumps` writes), are refused within the budget instead of
+    /// expanding to 2^41 nodes; 12 deep (8,191 nodes) still reads.
+    #[test]
+    fn shared_references_expand_within_a_budget_proportional_to_the_input() {
+        let deep = include_bytes!("../../../fuzz/seeds/snapshot/shared-lists-40-deep.pickle");
+        let start = std::time::Instant::now();
+        let e = read(deep).unwrap_err();
+        assert!(e.contains("shared references expand"), "{e}");
+        assert!(start.elapsed().as_secs() < 10, "bounded time: {:?}", start.elapsed());
+        fn count(v: &Value) -> usize {
+            match v {
+                Value::List(l) => 1 + l.iter().map(count).sum::<usize>(),
+                _ => 1,
+            }
+        }
+        // The same shape 12 deep: an empty list, then 12 times `[x, x]` with x memoised.
+        let mut p = b"\x80\x04]\x94".to_vec();
+        for level in 0..12u8 {
+            p.extend_from_slice(&[b']', 0x94, b'(', b'h', level, b'h', level, b'e']);
+        }
+        p.push(b'.');
+        assert_eq!(count(&read(&p).unwrap()), (1 << 13) - 1);
     }
 }
