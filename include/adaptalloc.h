@@ -5,7 +5,8 @@
  * are those of PyTorch's torch.cuda.memory.CUDAPluggableAllocator.
  *
  * Environment: ADAPTALLOC_POLICY (policy file or preset name; the default policy when unset),
- * ADAPTALLOC_REPORT (tuning report written at exit: .md, .toml or .json),
+ * ADAPTALLOC_REPORT (tuning report written at exit: .md, .toml or .json; device 0 writes the
+ * path as given, device N puts N before the extension: rep.md, rep.1.md, rep.2.md),
  * ADAPTALLOC_DEVICE (`cuda`, the default, or `sim:SIZE` for a simulated device).
  * A broken ADAPTALLOC_POLICY or ADAPTALLOC_DEVICE is printed once to stderr (file, line and key)
  * besides making adaptalloc_malloc return NULL with the reason in adaptalloc_last_error().

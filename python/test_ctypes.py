@@ -80,9 +80,28 @@ def child(mode):
         assert lib.adaptalloc_last_error() == b""
         assert lib.adaptalloc_record_stream(p, 0, ctypes.c_void_p(0x3000)) == -1  # freed: not live
         assert "not a live allocation" in lib.adaptalloc_last_error().decode()
-        for bad in (-1, 64):
-            assert lib.adaptalloc_malloc(4096, bad, None) is None
-            assert "serves devices 0 to 63" in lib.adaptalloc_last_error().decode()
+        for bad in (-1, 64):  # one wording from every call given a device out of range
+            calls = [
+                lambda: lib.adaptalloc_malloc(4096, bad, None),
+                lambda: lib.adaptalloc_stats(bad, ctypes.byref(Stats())),
+                lambda: lib.adaptalloc_synchronize_stream(bad, None),
+                lambda: lib.adaptalloc_reset_peak_stats(bad),
+                lambda: lib.adaptalloc_record_stream(ctypes.c_void_p(0x1000), bad, None),
+            ]
+            for call in calls:
+                assert call() in (None, -1)
+                reason = lib.adaptalloc_last_error().decode()
+                assert f"device {bad}: adaptalloc serves devices 0 to 63" in reason, reason
+        # Every successful call clears the last error: free(NULL) and empty_cache too.
+        assert lib.adaptalloc_malloc(0, 0, None) is None and lib.adaptalloc_last_error() != b""
+        lib.adaptalloc_free(None, 0, 0, None)
+        assert lib.adaptalloc_last_error() == b"", "free(NULL) clears the last error"
+        assert lib.adaptalloc_malloc(0, 0, None) is None
+        lib.adaptalloc_empty_cache()
+        assert lib.adaptalloc_last_error() == b"", "empty_cache clears the last error"
+        # Every refused request counts: size 0 (twice above) and larger than the device (once).
+        lib.adaptalloc_stats(0, ctypes.byref(s))
+        assert s.failed_allocs == 3, s.failed_allocs
         assert lib.adaptalloc_reset_peak_stats(0) == 0
         lib.adaptalloc_stats(0, ctypes.byref(s))
         assert s.peak_live_bytes == s.live_bytes == 0, s.peak_live_bytes
@@ -144,6 +163,18 @@ def child(mode):
         report = os.environ["ADAPTALLOC_REPORT"]
         assert not os.path.exists(report), "a child wrote the parent's report"
         print("fork ok: 400 children forked while 3 threads allocated; none hung or failed")
+    elif mode == "devices":
+        for device in (0, 1, 2):
+            p = lib.adaptalloc_malloc(4096, device, None)
+            assert p, lib.adaptalloc_last_error()
+            lib.adaptalloc_free(p, 4096, device, None)
+        print("devices ok: allocated on devices 0, 1 and 2")
+    elif mode == "bad-device":
+        for _ in range(3):
+            assert lib.adaptalloc_malloc(4096, 0, None) is None
+        reason = lib.adaptalloc_last_error().decode()
+        assert "ADAPTALLOC_DEVICE" in reason, reason
+        print("bad-device ok:", reason)
     elif mode == "bad-policy":
         for _ in range(3):
             assert lib.adaptalloc_malloc(4096, 0, None) is None
@@ -221,10 +252,28 @@ def main():
         assert len(printed) == 1 and "bad-policy.toml:2" in printed[0] and "flavour" in printed[0], out.stderr
         print(out.stdout.strip(), "| printed once to stderr")
     with tempfile.TemporaryDirectory() as tmp:
+        # Each device writes a report of its own, its number before the extension.
+        report = os.path.join(tmp, "rep.md")
+        run_child("devices", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_REPORT": report})
+        written = sorted(os.listdir(tmp))
+        assert written == ["rep.1.md", "rep.2.md", "rep.md"], written
+        for name in written:
+            assert open(os.path.join(tmp, name)).read().startswith("# adaptalloc tuning report"), name
+        print("reports ok:", ", ".join(written))
+    for spec in ("sim:", "sim:abc", "SIM:1GiB", " sim:1GiB", "gpu"):
+        # A broken ADAPTALLOC_DEVICE is printed once to stderr, as a broken policy is.
+        env = dict(os.environ, ADAPTALLOC_DEVICE=spec)
+        out = subprocess.run([sys.executable, __file__, "--child", "bad-device"], env=env,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+        printed = [l for l in out.stderr.splitlines() if l.startswith("adaptalloc: cannot build")]
+        assert len(printed) == 1 and f"ADAPTALLOC_DEVICE={spec!r}".replace("'", '"') in printed[0], (spec, out.stderr)
+    print("bad-device ok: each broken ADAPTALLOC_DEVICE printed once to stderr")
+    with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "fork-report.md")
         run_child("fork", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_REPORT": report})
         assert os.path.exists(report), "the parent writes its report at exit"
-    print("6 passed, 0 failed")
+    print("8 passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -403,6 +403,29 @@ impl TuningReport {
     }
 }
 
+/// Where device `device`'s report goes when `ADAPTALLOC_REPORT` names `path`: `path` itself for
+/// device 0, and the device's number put before the extension for the others
+/// (`rep.md` -> `rep.1.md`, `out/r.json` -> `out/r.2.json`), so that every report keeps the
+/// extension that says its format. A path with no extension gets `.N` at its end.
+pub fn report_path_for_device(path: &std::path::Path, device: i32) -> std::path::PathBuf {
+    if device == 0 {
+        return path.to_path_buf();
+    }
+    match (path.file_stem(), path.extension()) {
+        (Some(stem), Some(ext)) => {
+            let mut name = stem.to_os_string();
+            name.push(format!(".{device}."));
+            name.push(ext);
+            path.with_file_name(name)
+        }
+        _ => {
+            let mut name = path.as_os_str().to_os_string();
+            name.push(format!(".{device}"));
+            name.into()
+        }
+    }
+}
+
 fn ms(ns: u64) -> String {
     format!("{:.1} ms", ns as f64 / 1e6)
 }
@@ -543,5 +566,22 @@ impl fmt::Display for TuningReport {
             )?;
         }
         writeln!(f, "\n```toml\n{}```", self.recommended_policy.to_toml())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::report_path_for_device;
+
+    #[test]
+    fn each_device_gets_a_report_of_its_own_that_keeps_the_extension() {
+        let p = |s: &str, d| report_path_for_device(Path::new(s), d);
+        assert_eq!(p("rep.md", 0), Path::new("rep.md"));
+        assert_eq!(p("rep.md", 1), Path::new("rep.1.md"));
+        assert_eq!(p("out/r.json", 12), Path::new("out/r.12.json"));
+        assert_eq!(p("a.b/rep.toml", 2), Path::new("a.b/rep.2.toml"));
+        assert_eq!(p("rep", 3), Path::new("rep.3"));
     }
 }

@@ -86,7 +86,8 @@ pub struct Stats {
     pub driver_frees: u64,
     /// Out-of-memory errors on which idle memory was released and the request retried.
     pub oom_recoveries: u64,
-    /// Requests that failed (typed errors returned to the caller).
+    /// Requests that failed (typed errors returned to the caller): out of memory, driver errors,
+    /// and requests refused outright (size 0, or more than the device holds).
     pub failed_allocs: u64,
     /// Requests routed to slabs that the strand guard gave exact-size blocks instead (a slab
     /// placement would have pinned memory the driver would not consume for them).

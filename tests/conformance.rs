@@ -113,6 +113,11 @@ fn extreme_sizes_are_typed_errors() {
                 other => panic!("{name}: size {size}: {other:?}"),
             }
         }
+        assert_eq!(
+            alloc.stats().failed_allocs,
+            4,
+            "{name}: every refused request counts as a failed allocation"
+        );
         let one = alloc.allocate_raw(1, 0).unwrap();
         assert_eq!(one % 256, 0);
         alloc.deallocate(one, 0).unwrap();

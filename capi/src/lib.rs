@@ -4,7 +4,7 @@
 //!
 //! One allocator per device, created on first use with the policy from `ADAPTALLOC_POLICY`
 //! (the default when unset). `ADAPTALLOC_REPORT=path` writes each device's tuning report at
-//! exit (`path` as given for device 0, `path.N` for device N). A child made by fork() gets
+//! exit (`path` as given for device 0; for device N, N before the extension: `rep.md`, `rep.1.md`). A child made by fork() gets
 //! allocators of its own on first use (never its parent's) and writes no report. `ADAPTALLOC_DEVICE=sim:SIZE`
 //! runs on a simulated device of that size instead of CUDA (tests, dry runs). No panic crosses
 //! the boundary: every entry point catches it, logs it, and returns NULL or an error code.
@@ -63,6 +63,20 @@ fn clear_error() {
 
 /// Devices a process may use through the C ABI (ordinals 0..MAX_DEVICES).
 const MAX_DEVICES: usize = 64;
+
+/// The one wording for a device ordinal outside 0..MAX_DEVICES, whichever call is given it.
+fn out_of_range(device: c_int) -> String {
+    format!("device {device}: adaptalloc serves devices 0 to {}", MAX_DEVICES - 1)
+}
+
+/// Why `device` has no allocator: out of range, or nothing allocated on it yet.
+fn no_allocator(device: c_int) -> String {
+    if usize::try_from(device).is_ok_and(|d| d < MAX_DEVICES) {
+        format!("no allocator for device {device} yet (nothing was allocated on it)")
+    } else {
+        out_of_range(device)
+    }
+}
 
 /// The allocators of one process, one slot per device. Looking one up takes no lock (a
 /// `OnceLock` read): the malloc/free path has no global lock beyond the allocator's own. Only
@@ -144,13 +158,9 @@ extern "C" fn write_reports_at_exit() {
         };
         for (device, alloc) in table().all() {
             let Some(report) = alloc.report() else { continue };
-            let file = if device == 0 {
-                path.clone()
-            } else {
-                format!("{path}.{device}")
-            };
-            if let Err(e) = report.write_to(std::path::Path::new(&file)) {
-                eprintln!("adaptalloc: cannot write the tuning report to {file}: {e}");
+            let file = adaptalloc_core::report::report_path_for_device(std::path::Path::new(&path), device);
+            if let Err(e) = report.write_to(&file) {
+                eprintln!("adaptalloc: cannot write the tuning report to {}: {e}", file.display());
             }
         }
     });
@@ -163,10 +173,7 @@ fn allocator(device: c_int) -> Result<&'static Allocator, String> {
         return Ok(a);
     }
     let Some(slot) = usize::try_from(device).ok().and_then(|d| t.slots.get(d)) else {
-        return Err(format!(
-            "device {device}: adaptalloc serves devices 0 to {}",
-            MAX_DEVICES - 1
-        ));
+        return Err(out_of_range(device));
     };
     let _creating = t
         .create
@@ -175,29 +182,29 @@ fn allocator(device: c_int) -> Result<&'static Allocator, String> {
     if let Some(a) = slot.get() {
         return Ok(a);
     }
-    let dev: Arc<dyn Device> = match std::env::var("ADAPTALLOC_DEVICE") {
-        Ok(spec) if spec.starts_with("sim:") => {
-            let size: ByteSize = spec[4..]
-                .parse()
-                .map_err(|e| format!("ADAPTALLOC_DEVICE={spec}: {e}"))?;
-            Arc::new(SimDevice::new(size.0))
-        }
-        Ok(spec) if spec != "cuda" && !spec.is_empty() => {
-            return Err(format!(
-                "ADAPTALLOC_DEVICE={spec}: use `cuda` or `sim:SIZE` (e.g. sim:16GiB)"
-            ));
-        }
-        _ => Arc::new(CudaDevice::new(device).map_err(|e| format!("device {device}: {e}"))?),
-    };
-    let alloc = Allocator::from_env(dev).map_err(|e| {
-        let message = e.to_string();
-        // Loud once: a broken ADAPTALLOC_POLICY would otherwise make every malloc return NULL
-        // with the reason only in adaptalloc_last_error().
+    // Loud once: a broken ADAPTALLOC_DEVICE or ADAPTALLOC_POLICY would otherwise make every
+    // malloc return NULL with the reason only in adaptalloc_last_error().
+    let loud = |message: String| {
         if !CONFIG_ERROR_PRINTED.swap(true, Ordering::Relaxed) {
             eprintln!("adaptalloc: cannot build an allocator from the environment: {message}");
         }
         message
-    })?;
+    };
+    let dev: Arc<dyn Device> = match std::env::var("ADAPTALLOC_DEVICE") {
+        Ok(spec) if spec.starts_with("sim:") => {
+            let size: ByteSize = spec[4..]
+                .parse()
+                .map_err(|e| loud(format!("ADAPTALLOC_DEVICE={spec:?}: {e}")))?;
+            Arc::new(SimDevice::new(size.0))
+        }
+        Ok(spec) if spec != "cuda" && !spec.is_empty() => {
+            return Err(loud(format!(
+                "ADAPTALLOC_DEVICE={spec:?}: use `cuda` or `sim:SIZE` (e.g. sim:16GiB), lower case, no spaces"
+            )));
+        }
+        _ => Arc::new(CudaDevice::new(device).map_err(|e| format!("device {device}: {e}"))?),
+    };
+    let alloc = Allocator::from_env(dev).map_err(|e| loud(e.to_string()))?;
     // The process that first reads ADAPTALLOC_REPORT writes the reports; a child made by fork()
     // inherits the hook and this mark, and writes none (it would overwrite its parent's).
     if std::env::var_os("ADAPTALLOC_REPORT").is_some()
@@ -243,6 +250,7 @@ pub extern "C" fn adaptalloc_malloc(size: usize, device: c_int, stream: *mut c_v
 #[unsafe(no_mangle)]
 pub extern "C" fn adaptalloc_free(ptr: *mut c_void, size: usize, device: c_int, stream: *mut c_void) {
     if ptr.is_null() {
+        clear_error(); // free(NULL) succeeds, as cudaFree(NULL) does
         return;
     }
     let (addr, stream) = (ptr as usize as DevicePtr, stream as usize as u64);
@@ -264,7 +272,16 @@ pub extern "C" fn adaptalloc_free(ptr: *mut c_void, size: usize, device: c_int, 
 /// Gives every device's idle memory back to the driver; returns the bytes released.
 #[unsafe(no_mangle)]
 pub extern "C" fn adaptalloc_empty_cache() -> u64 {
-    catch_unwind(|| table().all().map(|(_, a)| a.release_idle()).sum()).unwrap_or(0)
+    match catch_unwind(|| table().all().map(|(_, a)| a.release_idle()).sum()) {
+        Ok(released) => {
+            clear_error();
+            released
+        }
+        Err(_) => {
+            set_error("adaptalloc_empty_cache: internal panic (a bug; please report it)".into());
+            0
+        }
+    }
 }
 
 /// Fills `out` with `device`'s statistics; 0 on success, -1 when `out` is NULL or the device
@@ -280,7 +297,7 @@ pub unsafe extern "C" fn adaptalloc_stats(device: c_int, out: *mut AdaptallocSta
     }
     let stats = catch_unwind(|| table().get(device).map(Allocator::stats));
     let Ok(Some(s)) = stats else {
-        set_error(format!("adaptalloc_stats: no allocator for device {device} yet"));
+        set_error(format!("adaptalloc_stats: {}", no_allocator(device)));
         return -1;
     };
     let c = AdaptallocStats {
@@ -313,7 +330,7 @@ fn with_allocator(call: &str, device: c_int, f: impl FnOnce(&Allocator) -> Resul
             return 0;
         }
         Ok(Some(Err(e))) => e.to_string(),
-        Ok(None) => format!("no allocator for device {device} yet"),
+        Ok(None) => no_allocator(device),
         Err(_) => "internal panic (a bug; please report it)".to_string(),
     };
     set_error(format!("{call}: {message}"));

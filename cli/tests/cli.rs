@@ -214,6 +214,31 @@ fn replay_prints_and_writes_the_tuning_report() {
             .unwrap()
             .contains("# adaptalloc tuning report")
     );
+    // On a device too small for any request, every request is refused, and the report counts
+    // each one as failed (they were left out: "0 failed").
+    let refused = tmp("refused.md");
+    let text = ok(&[
+        "replay",
+        a.to_str().unwrap(),
+        "--capacity",
+        "1B",
+        "--report",
+        refused.to_str().unwrap(),
+    ]);
+    let allocs = text
+        .split(" failed allocations")
+        .next()
+        .and_then(|t| t.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .expect("the replay line counts failed allocations");
+    assert!(allocs > 0, "{text}");
+    let md = std::fs::read_to_string(&refused).unwrap();
+    assert!(
+        md.contains(&format!(
+            "| failed / recovered OOM / pressure events | {allocs} / 0 / 0 |"
+        )),
+        "{md}"
+    );
 }
 
 #[test]

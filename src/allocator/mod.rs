@@ -16,7 +16,7 @@ use crate::device::{Device, DevicePtr, Metered};
 use crate::error::AllocError;
 use crate::policy::{BUCKETS, Engine, Policy, bucket_of};
 use crate::ptrtable::PtrTable;
-use crate::size::{ALIGNMENT, ByteSize, align_up};
+use crate::size::{ALIGNMENT, align_up};
 use crate::stats::{Stats, StrategyStats};
 use crate::strategy::{
     BlockMeta, Caching, CachingConfig, Grant, Passthrough, Strategy, StrategyKind, StreamId, Suballoc, SuballocConfig,
@@ -436,14 +436,8 @@ impl Shared {
     }
 
     fn allocate(&self, bytes: u64, stream: StreamId) -> Result<DevicePtr, AllocError> {
-        if bytes == 0 {
-            return Err(AllocError::ZeroSize);
-        }
-        if bytes > self.capacity {
-            return Err(AllocError::TooLarge {
-                requested: ByteSize(bytes),
-                capacity: ByteSize(self.capacity),
-            });
+        if bytes == 0 || bytes > self.capacity {
+            return Err(self.refuse(bytes));
         }
         let aligned = align_up(bytes, ALIGNMENT);
         let bucket = bucket_of(aligned);

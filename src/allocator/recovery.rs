@@ -9,6 +9,21 @@ use crate::strategy::{Grant, Strategy, StreamId};
 use super::{Ladder, Shared, State};
 
 impl Shared {
+    /// A request no device memory could serve (size 0, or more than the device holds): counted
+    /// as a failed allocation, as every refusal is. Cold: one lock for the count.
+    #[cold]
+    pub(super) fn refuse(&self, bytes: u64) -> AllocError {
+        self.state.lock().stats.failed_allocs += 1;
+        if bytes == 0 {
+            AllocError::ZeroSize
+        } else {
+            AllocError::TooLarge {
+                requested: ByteSize(bytes),
+                capacity: ByteSize(self.capacity),
+            }
+        }
+    }
+
     /// Slow path: on out-of-memory, the ladder's out-of-memory rung; else (or when it fails too)
     /// the error the caller gets.
     #[cold]
