@@ -55,7 +55,10 @@ impl Hasher for FastHasher {
 }
 
 /// A HashMap with [`FastHasher`].
-pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+pub type FastMap<K, V> = HashMap<K, V, FastBuild>;
+
+/// The builder of [`FastHasher`]s, for maps and sets of the allocator's keys.
+pub type FastBuild = BuildHasherDefault<FastHasher>;
 
 #[cfg(test)]
 mod tests {

@@ -328,6 +328,13 @@ fn bad_input_is_a_one_line_error_with_exit_code_2() {
             "nonnum.csv:2: size",
         ),
         (
+            write(
+                "huge.csv",
+                format!("{header}alloc,1,0x10,18446744073709551615,0\n").as_bytes(),
+            ),
+            "huge.csv:2: size 18446744073709551615 is more than any device holds",
+        ),
+        (
             write("unknown-free.csv", format!("{header}free,1,0x99,5,0\n").as_bytes()),
             "unknown-free.csv:2: free of id 0x99",
         ),
@@ -361,7 +368,7 @@ fn bad_input_is_a_one_line_error_with_exit_code_2() {
         }
     }
     // --lenient replays a trace with unknown frees and counts them.
-    let text = ok(&["replay", &cases[5].0, "--lenient"]);
+    let text = ok(&["replay", &cases[6].0, "--lenient"]);
     assert!(text.contains("1 unknown frees skipped"), "{text}");
     assert!(fails(&["compare", "--strategies", "magic"]).contains("unknown strategy"));
     assert!(fails(&["compare", "--tenant", "2GiB@0.7..0.2"]).contains("tenant"));

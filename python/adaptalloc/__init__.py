@@ -95,6 +95,28 @@ def last_error():
     return e.decode() if e else None
 
 
+_MAX_DEVICES = 64
+
+
+def _device(device):
+    """``device`` checked before ctypes sees it (which would truncate 2**32 to 0): an int
+    from 0 to 63."""
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError("device: give an int from 0 to %d (got %r)" % (_MAX_DEVICES - 1, device))
+    if not 0 <= device < _MAX_DEVICES:
+        raise ValueError("device %d: adaptalloc serves devices 0 to %d" % (device, _MAX_DEVICES - 1))
+    return device
+
+
+def _stream(stream):
+    """A ``cudaStream_t`` as an int (0: the default stream), checked to fit a pointer."""
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        raise TypeError("stream: give a cudaStream_t as an int, e.g. torch.cuda.Stream().cuda_stream (got %r)" % (stream,))
+    if not 0 <= stream < 1 << 64:
+        raise ValueError("stream %d: a cudaStream_t is a pointer, from 0 to 2**64 - 1" % stream)
+    return stream
+
+
 def _check(rc, what):
     if rc != 0:
         raise RuntimeError("adaptalloc: %s failed: %s" % (what, last_error() or "no allocator on that device yet"))
@@ -104,8 +126,9 @@ def memory_stats(device=0):
     """The allocator's statistics on ``device``, a dict: adaptalloc's names, plus PyTorch's
     ``torch.cuda.memory_stats()`` names where the meaning is the same. RuntimeError when nothing
     was allocated on ``device`` yet."""
+    device = _device(device)
     s = _Stats()
-    _check(_c().adaptalloc_stats(int(device), ctypes.byref(s)), "memory_stats(device=%d)" % device)
+    _check(_c().adaptalloc_stats(device, ctypes.byref(s)), "memory_stats(device=%d)" % device)
     out = {name: getattr(s, name) for name in _STAT_FIELDS}
     for ours, theirs in _TORCH_NAMES.items():
         out[theirs] = out[ours]
@@ -114,7 +137,8 @@ def memory_stats(device=0):
 
 def reset_peak_stats(device=0):
     """Restarts ``device``'s peak statistics from their current values."""
-    _check(_c().adaptalloc_reset_peak_stats(int(device)), "reset_peak_stats(device=%d)" % device)
+    device = _device(device)
+    _check(_c().adaptalloc_reset_peak_stats(device), "reset_peak_stats(device=%d)" % device)
 
 
 def empty_cache():
@@ -126,8 +150,9 @@ def synchronize_stream(stream, device=0):
     """Says that ``stream``'s queued work is done (after you synchronized it): memory freed on
     it then serves every stream. ``stream`` is a ``cudaStream_t`` as an int (``torch.cuda.Stream
     .cuda_stream``) or 0 for the default stream."""
+    device, stream = _device(device), _stream(stream)
     _check(
-        _c().adaptalloc_synchronize_stream(int(device), ctypes.c_void_p(int(stream) or None)),
+        _c().adaptalloc_synchronize_stream(device, ctypes.c_void_p(stream or None)),
         "synchronize_stream(device=%d)" % device,
     )
 
@@ -151,14 +176,22 @@ def analyze_snapshot(snapshot, capacity=None, capacity_factor=None, strategies=N
     """What adaptalloc's strategies and the allocators people run (PyTorch's, with
     ``pytorch_conf`` as PYTORCH_CUDA_ALLOC_CONF; CUDA's pool; RMM; IREE) do on ``snapshot``, on a
     simulated device of ``capacity`` bytes or ``capacity_factor`` x the snapshot's peak (80 GiB
-    when neither is given). The same structure as ``adaptalloc compare --format json``."""
+    when neither is given). ``strategies``: one name or a list (all of them when None). The same
+    structure as ``adaptalloc compare --format json``."""
     path, data = _source(snapshot)
+    if isinstance(strategies, str):
+        strategies = [strategies]  # one name, not its letters
+    if strategies is not None:
+        strategies = list(strategies)
+        for name in strategies:
+            if not isinstance(name, str):
+                raise TypeError("strategies: give a name or a list of names (got %r in it)" % (name,))
     text = _native.compare_json(
         path=path,
         data=data,
         capacity=capacity,
         capacity_factor=capacity_factor,
-        strategies=list(strategies) if strategies is not None else None,
+        strategies=strategies,
         pytorch_conf=pytorch_conf,
     )
     return json.loads(text)

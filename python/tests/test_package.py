@@ -132,6 +132,43 @@ def test_bad_input_is_a_clear_error():
             adaptalloc.report(path, policy="no-such-preset")
 
 
+def test_device_and_stream_arguments_are_checked_before_ctypes():
+    # ctypes would truncate 2**32 to device 0, and fail on '0' inside its own formatting.
+    for call in (adaptalloc.memory_stats, adaptalloc.reset_peak_stats):
+        with pytest.raises(ValueError, match="device 4294967296: adaptalloc serves devices 0 to 63"):
+            call(2**32)
+        with pytest.raises(ValueError, match="device -1: adaptalloc serves devices 0 to 63"):
+            call(-1)
+        for bad in ("0", 0.0, True, None):
+            with pytest.raises(TypeError, match="device: give an int from 0 to 63"):
+                call(bad)
+    with pytest.raises(ValueError, match="device 64"):
+        adaptalloc.synchronize_stream(0, device=64)
+    with pytest.raises(TypeError, match="stream: give a cudaStream_t as an int"):
+        adaptalloc.synchronize_stream("0x1000")
+    with pytest.raises(ValueError, match="stream -1"):
+        adaptalloc.synchronize_stream(-1)
+
+
+def test_one_strategy_name_is_one_strategy_and_refusals_are_counted(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("op,timestamp_ns,ptr,size,stream\nalloc,1,0x10,4096,0\nalloc,2,0x20,8192,0\n"
+                     "free,3,0x10,4096,0\nfree,4,0x20,8192,0\n")
+    result = adaptalloc.analyze_snapshot(str(trace), capacity=1 << 30, strategies="adaptive")
+    assert [r["strategy"] for r in result["traces"][0]["results"]] == ["adaptive"]
+    with pytest.raises(TypeError, match="strategies: give a name or a list of names"):
+        adaptalloc.analyze_snapshot(str(trace), strategies=["adaptive", 3])
+    # On a 1-byte device both requests are refused, and the report counts them.
+    text = adaptalloc.report(str(trace), capacity=1)
+    assert "| failed / recovered OOM / pressure events | 2 / 0 / 0 |" in text, text
+
+
+def test_a_pickle_whose_shared_references_explode_is_one_clear_error():
+    deep = os.path.join(ROOT, "fuzz", "seeds", "snapshot", "shared-lists-40-deep.pickle")
+    with pytest.raises(ValueError, match="shared references expand"):
+        adaptalloc.analyze_snapshot(deep)
+
+
 def test_importing_the_package_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, adaptalloc, adaptalloc.torch; print('torch' in sys.modules)"],
                          capture_output=True, text=True, timeout=60)

@@ -106,7 +106,7 @@ struct State {
     /// Streams with memory freed on them, for stream-ordered reuse (streams.rs).
     freed_on: streams::FreedOn,
     /// Streams recorded on live blocks, and freed blocks waiting for them (streams.rs).
-    recorded: crate::hash::FastMap<DevicePtr, Vec<StreamId>>,
+    recorded: crate::hash::FastMap<DevicePtr, std::collections::HashSet<StreamId, crate::hash::FastBuild>>,
     deferred: std::collections::VecDeque<streams::Deferred>,
     /// Free device memory is under the policy's low watermark: place compactly.
     pressure: bool,

@@ -15,8 +15,35 @@ use crate::size::ByteSize;
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CostCurve {
-    /// `[[size, ns], ...]`, sizes strictly increasing.
+    /// `[[size, ns], ...]`, sizes strictly increasing, each price at most [`MAX_PRICE_NS`].
+    #[serde(deserialize_with = "price_points")]
     pub points: Vec<(ByteSize, u64)>,
+}
+
+/// The most one modelled driver call may cost: one second. A larger price is a typo (or an
+/// attempt to overflow the modelled totals), refused where the file gives it.
+pub const MAX_PRICE_NS: u64 = 1_000_000_000;
+
+fn check_price(ns: u64) -> Result<u64, String> {
+    if ns > MAX_PRICE_NS {
+        return Err(format!(
+            "a price of {ns} ns is more than one second a call; the cost model prices one driver call, at most {MAX_PRICE_NS} ns"
+        ));
+    }
+    Ok(ns)
+}
+
+/// A price in ns, bounded by [`MAX_PRICE_NS`].
+fn price<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    check_price(u64::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+fn price_points<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(ByteSize, u64)>, D::Error> {
+    let points = Vec::<(ByteSize, u64)>::deserialize(d)?;
+    for &(_, ns) in &points {
+        check_price(ns).map_err(serde::de::Error::custom)?;
+    }
+    Ok(points)
 }
 
 impl CostCurve {
@@ -81,12 +108,11 @@ fn flat_or_curve<'de, D: serde::Deserializer<'de>>(d: D) -> Result<CostCurve, D:
             f.write_str("a number of ns, or a table { points = [[size, ns], ...] }")
         }
         fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<CostCurve, E> {
-            Ok(CostCurve::flat(v))
+            check_price(v).map(CostCurve::flat).map_err(E::custom)
         }
         fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<CostCurve, E> {
-            u64::try_from(v)
-                .map(CostCurve::flat)
-                .map_err(|_| E::custom(format!("a price cannot be negative (got {v})")))
+            let v = u64::try_from(v).map_err(|_| E::custom(format!("a price cannot be negative (got {v})")))?;
+            self.visit_u64(v)
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<CostCurve, A::Error> {
             CostCurve::deserialize(serde::de::value::MapAccessDeserializer::new(map))
@@ -103,22 +129,29 @@ fn flat_or_curve<'de, D: serde::Deserializer<'de>>(d: D) -> Result<CostCurve, D:
 #[serde(deny_unknown_fields)]
 pub struct VmmCosts {
     /// cuMemAddressReserve.
+    #[serde(deserialize_with = "price")]
     pub reserve_ns: u64,
     /// cuMemAddressFree.
+    #[serde(deserialize_with = "price")]
     pub unreserve_ns: u64,
     /// cuMemCreate of one physical handle, by handle size (a number: the same for every size).
     #[serde(deserialize_with = "flat_or_curve")]
     pub create_ns: CostCurve,
     /// cuMemMap of one handle.
+    #[serde(deserialize_with = "price")]
     pub map_ns: u64,
     /// cuMemSetAccess of one mapping, one device.
+    #[serde(deserialize_with = "price")]
     pub set_access_ns: u64,
     /// cuMemUnmap of one mapping (host-synchronous).
+    #[serde(deserialize_with = "price")]
     pub unmap_ns: u64,
     /// cuMemRelease of one handle reference.
+    #[serde(deserialize_with = "price")]
     pub release_ns: u64,
     /// The synchronization (cuCtxSynchronize) before a batch of unmaps: unmapping is not
     /// stream-ordered, so queued work must finish first.
+    #[serde(deserialize_with = "price")]
     pub unmap_sync_ns: u64,
 }
 
@@ -134,15 +167,20 @@ pub struct CostModel {
     /// cuMemFree latency by size, not counting the synchronization below.
     pub free: CostCurve,
     /// The device synchronization a cuMemFree implies (waiting for queued work), in ns.
+    #[serde(deserialize_with = "price")]
     pub free_sync_ns: u64,
     /// cuMemGetInfo latency, in ns.
+    #[serde(deserialize_with = "price")]
     pub mem_info_ns: u64,
     /// A wait for one stream's queued work (cuStreamSynchronize), in ns: what the allocator
     /// pays when it waits for a stream before failing a request.
+    #[serde(deserialize_with = "price")]
     pub stream_sync_ns: u64,
     /// cudaMallocAsync served from a stream-ordered pool's memory, in ns.
+    #[serde(deserialize_with = "price")]
     pub async_alloc_ns: u64,
     /// cudaFreeAsync, in ns.
+    #[serde(deserialize_with = "price")]
     pub async_free_ns: u64,
     /// Virtual-memory calls.
     pub vmm: VmmCosts,
@@ -283,5 +321,49 @@ mod tests {
         );
         let err = CostModel::from_toml_str(&negative, "x.toml").unwrap_err().to_string();
         assert!(err.contains("negative"), "{err}");
+    }
+
+    /// A price past one second a call is refused with the file, line and key: flat numbers
+    /// (the issue's `free_sync_ns = i64::MAX` made passthrough look cheaper than under the
+    /// default model, its totals wrapping), and curve points.
+    #[test]
+    fn prices_past_one_second_a_call_name_their_file_line_and_key() {
+        let ok = format!("alloc = {{ points = [[1, 1]] }}\n{REST}");
+        for (from, to, key, line) in [
+            (
+                "free_sync_ns = 0",
+                "free_sync_ns = 9223372036854775807",
+                "free_sync_ns",
+                3,
+            ),
+            ("map_ns = 1", "map_ns = 1000000001", "vmm.map_ns", 12),
+            ("create_ns = 5", "create_ns = 2000000000", "vmm.create_ns", 11),
+            (
+                "create_ns = 5",
+                "create_ns = { points = [[1, 5], [\"2MiB\", 5000000000]] }",
+                "vmm.create_ns",
+                11,
+            ),
+            (
+                "free = { points = [[1, 1]] }",
+                "free = { points = [[1, 5000000000]] }",
+                "free",
+                2,
+            ),
+        ] {
+            let text = ok.replace(from, to);
+            let err = CostModel::from_toml_str(&text, "x.toml").unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("x.toml:{line}")) && msg.contains("more than one second"),
+                "{to}: {msg}"
+            );
+            assert!(msg.contains(key), "{to}: {msg}");
+        }
+        let edge = ok.replace("map_ns = 1", &format!("map_ns = {MAX_PRICE_NS}"));
+        assert_eq!(
+            CostModel::from_toml_str(&edge, "x.toml").unwrap().vmm.map_ns,
+            MAX_PRICE_NS
+        );
     }
 }

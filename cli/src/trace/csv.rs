@@ -108,6 +108,17 @@ pub(super) fn validate(events: Vec<(usize, Event)>, file: &str, lenient: bool) -
     for (line, e) in events {
         match e.op {
             Op::Alloc => {
+                if e.size > super::MAX_SIZE {
+                    return Err(TraceError::Parse {
+                        file: file.into(),
+                        line,
+                        message: format!(
+                            "size {} is more than any device holds; a trace may ask for at most {} bytes (1 PiB)",
+                            e.size,
+                            super::MAX_SIZE
+                        ),
+                    });
+                }
                 if let Some((since, _)) = live.insert(e.id, (line, e.size)) {
                     return Err(TraceError::DuplicateAlloc {
                         file: file.into(),

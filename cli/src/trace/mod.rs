@@ -84,6 +84,10 @@ pub struct Trace {
     pub skipped_frees: u64,
 }
 
+/// The largest request a trace may hold: 1 PiB, thousands of times any device's memory, and
+/// small enough that the live bytes of thousands of such requests still add up in 64 bits.
+pub const MAX_SIZE: u64 = 1 << 50;
+
 impl Trace {
     /// Builds a trace from events, checking that frees match live allocs of the same size
     /// (skipping unknown frees when `lenient`). Errors name the event's 1-based position.
@@ -134,10 +138,10 @@ impl Trace {
                 Op::Alloc => {
                     let c = cost(e.size);
                     costs.insert(e.id, c);
-                    live += c;
+                    live = live.saturating_add(c);
                     peak = peak.max(live);
                 }
-                Op::Free => live -= costs.remove(&e.id).unwrap_or(0),
+                Op::Free => live = live.saturating_sub(costs.remove(&e.id).unwrap_or(0)),
             }
         }
         peak

@@ -39,7 +39,8 @@ pub(crate) fn as_u64(v: &Value) -> Option<u64> {
     match v {
         Value::I64(i) => u64::try_from(*i).ok(),
         Value::Int(i) => u64::try_from(i).ok(),
-        Value::F64(f) if *f >= 0.0 => Some(*f as u64),
+        // A whole number that 64 bits hold exactly; never saturated (1e30 is not u64::MAX).
+        Value::F64(f) if *f >= 0.0 && f.fract() == 0.0 && *f < 9_007_199_254_740_992.0 => Some(*f as u64),
         _ => None,
     }
 }
@@ -179,6 +180,25 @@ mod tests {
         let t = parse_snapshot(ZERO_SIZE, "z.pickle").unwrap();
         assert_eq!(t.events.len(), 1, "{:?}", t.events);
         assert_eq!((t.events[0].size, t.events[0].id), (512, 0x2000));
+    }
+
+    #[test]
+    fn sizes_are_whole_numbers_no_device_is_too_small_for() {
+        let d = |v: f64| as_u64(&Value::F64(v));
+        assert_eq!(d(4096.0), Some(4096));
+        for v in [1e30, f64::INFINITY, f64::NAN, 1.5, -1.0] {
+            assert_eq!(d(v), None, "{v}");
+        }
+        // A size as large as 64 bits hold is a trace error naming the event, not a replay.
+        let mut big = ZERO_SIZE.to_vec();
+        // The 512-byte allocation (M\x00\x02 after `h\n`) becomes 2^62 (\x8a\x08 + 8 bytes).
+        let at = big.windows(4).position(|w| w == b"h\nM\x00").unwrap() + 2;
+        big.splice(at..at + 3, *b"\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x40");
+        let err = parse_snapshot(&big, "big.pickle").unwrap_err().to_string();
+        assert!(
+            err.contains("big.pickle") && err.contains("more than any device holds"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -234,16 +234,17 @@ fn parse_divisions(
 
 impl PytorchConf {
     /// `round_size`: what a request of `size` bytes becomes.
-    pub fn round_size(&self, size: u64) -> u64 {
+    /// None when the rounded size does not fit in 64 bits (no device holds such a request).
+    pub fn round_size(&self, size: u64) -> Option<u64> {
         use consts::MIN_BLOCK;
         if size < MIN_BLOCK {
-            return MIN_BLOCK;
+            return Some(MIN_BLOCK);
         }
         let divisions = self.divisions_for(size);
         if divisions > 1 && size > MIN_BLOCK * divisions {
             roundup_power2_next_division(size, divisions)
         } else {
-            size.div_ceil(MIN_BLOCK) * MIN_BLOCK
+            size.checked_next_multiple_of(MIN_BLOCK)
         }
     }
 
@@ -256,17 +257,21 @@ impl PytorchConf {
 
 /// PyTorch's `roundup_power2_next_division`: the next of `divisions` equal steps between
 /// the powers of two around `size`.
-fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
+fn roundup_power2_next_division(size: u64, divisions: u64) -> Option<u64> {
     if size.is_power_of_two() {
-        return size;
+        return Some(size);
     }
     let floor = 1u64 << (63 - size.leading_zeros());
     let step = floor >> (63 - divisions.leading_zeros());
     if step == 0 {
-        return floor << 1;
+        return floor.checked_mul(2);
     }
     let down = size & !(step - 1);
-    if down == size { size } else { down + step }
+    if down == size {
+        Some(size)
+    } else {
+        down.checked_add(step)
+    }
 }
 
 #[cfg(test)]
@@ -304,22 +309,29 @@ mod tests {
     #[test]
     fn rounding_follows_pytorch() {
         let d = PytorchConf::default();
-        assert_eq!(d.round_size(1), 512);
-        assert_eq!(d.round_size(513), 1024);
-        assert_eq!(d.round_size(3 * MIB + 1), 3 * MIB + 512);
+        assert_eq!(d.round_size(1), Some(512));
+        assert_eq!(d.round_size(513), Some(1024));
+        assert_eq!(d.round_size(3 * MIB + 1), Some(3 * MIB + 512));
         let four: PytorchConf = "roundup_power2_divisions:4".parse().unwrap();
         // 1 MiB..2 MiB in four steps of 256 KiB.
-        assert_eq!(four.round_size(MIB + 1), MIB + 256 * 1024);
-        assert_eq!(four.round_size(2 * MIB), 2 * MIB);
+        assert_eq!(four.round_size(MIB + 1), Some(MIB + 256 * 1024));
+        assert_eq!(four.round_size(2 * MIB), Some(2 * MIB));
         // At or below 512 B x divisions, plain rounding.
-        assert_eq!(four.round_size(1500), 1536);
+        assert_eq!(four.round_size(1500), Some(1536));
         // The list form: 1 division up to 256 MiB's interval, 4 after.
         let list: PytorchConf = "roundup_power2_divisions:[256:1,>:4]".parse().unwrap();
         assert_eq!(list.roundup_power2_divisions[8], 1);
         assert_eq!(list.roundup_power2_divisions[9], 4);
-        assert_eq!(list.round_size(300 * MIB), 300 * MIB);
-        assert_eq!(list.round_size(600 * MIB), 640 * MIB, "512 MiB..1 GiB in four steps");
-        assert_eq!(list.round_size(3 * MIB + 1), 3 * MIB + 512);
+        assert_eq!(list.round_size(300 * MIB), Some(300 * MIB));
+        assert_eq!(
+            list.round_size(600 * MIB),
+            Some(640 * MIB),
+            "512 MiB..1 GiB in four steps"
+        );
+        assert_eq!(list.round_size(3 * MIB + 1), Some(3 * MIB + 512));
+        // Past what 64 bits hold: no size, never a wrapped small one.
+        assert_eq!(d.round_size(u64::MAX - 100), None);
+        assert_eq!(four.round_size(u64::MAX - (1 << 40)), None);
         let three: PytorchConf = "roundup_power2_divisions:[1:2,4:4,>:8]".parse().unwrap();
         let mut want = [8; 16];
         want[..3].copy_from_slice(&[2, 4, 4]);

@@ -218,15 +218,23 @@ impl Model {
     /// `malloc`: the address of a block for `orig_size` bytes on `stream`, or None (PyTorch
     /// raises OutOfMemoryError).
     pub fn malloc<D: Driver>(&mut self, d: &mut D, orig_size: u64, stream: StreamId) -> Option<u64> {
-        let size = self.conf.round_size(orig_size);
-        // `get_pool` and `get_allocation_size`.
-        let (pool, alloc_size) = if size <= SMALL_SIZE {
-            (SMALL, SMALL_BUFFER)
-        } else if size < MIN_LARGE_ALLOC {
-            (LARGE, LARGE_BUFFER)
-        } else {
-            (LARGE, size.div_ceil(ROUND_LARGE) * ROUND_LARGE)
+        // `get_pool` and `get_allocation_size`. A size whose rounding passes 64 bits fails as
+        // cudaMalloc's would on any GPU (never a wrapped, small size).
+        let rounded = self.conf.round_size(orig_size).and_then(|size| {
+            let alloc_size = if size <= SMALL_SIZE {
+                SMALL_BUFFER
+            } else if size < MIN_LARGE_ALLOC {
+                LARGE_BUFFER
+            } else {
+                size.checked_next_multiple_of(ROUND_LARGE)?
+            };
+            Some((size, alloc_size))
+        });
+        let Some((size, alloc_size)) = rounded else {
+            self.stats.ooms += 1;
+            return None;
         };
+        let pool = if size <= SMALL_SIZE { SMALL } else { LARGE };
         let p = Params {
             size,
             alloc_size,

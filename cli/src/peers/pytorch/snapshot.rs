@@ -294,8 +294,7 @@ pub fn initial_state(rec: &Recording, conf: PytorchConf) -> (Model, usize, usize
     // Sizes of the blocks the snapshot names only by their request.
     let boundaries: BTreeSet<u64> = live.keys().copied().chain(unknown.iter().map(|u| u.0)).collect();
     for &(addr, requested, freed_at) in &unknown {
-        let rounded = conf.round_size(requested);
-        let Some((base, seg_size, small)) = seg_of(addr) else {
+        let (Some(rounded), Some((base, seg_size, small))) = (conf.round_size(requested), seg_of(addr)) else {
             continue;
         };
         let end = boundaries
