@@ -114,9 +114,13 @@ pub fn run(hooks: &StubHooks, setup: Setup, descending: bool, steps: u64, seed: 
         let op = if order.is_empty() { 0 } else { rng.below(100) };
         if op < 30 && !heavy {
             // malloc
-            let size = match rng.below(10) {
-                0..=6 => 256 + rng.size(64 << 10),
-                7..=8 => (64 << 10) + rng.size(1 << 20),
+            // Half from a few sizes that recur (as a training step's tensors do), so that a
+            // freed block is often handed out whole again; half spread over three ranges.
+            const RECURRING: [u64; 6] = [4 << 10, 48 << 10, 256 << 10, 1 << 20, 3 << 20, 5 << 20];
+            let size = match rng.below(20) {
+                0..=9 => RECURRING[rng.below(RECURRING.len() as u64) as usize],
+                10..=16 => 256 + rng.size(64 << 10),
+                17..=18 => (64 << 10) + rng.size(1 << 20),
                 _ => (1 << 20) + rng.size(5 << 20),
             };
             let stream = pick_stream(&mut rng);
