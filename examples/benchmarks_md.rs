@@ -184,7 +184,7 @@ fn main() {
                     format!(
                         "{:.1} ms, {} calls, {:.2}x{}",
                         r.modeled_driver_ns as f64 / 1e6,
-                        r.driver_allocs + r.driver_frees,
+                        r.driver_calls,
                         r.peak_reserved_bytes as f64 / t.peak_live_bytes.max(1) as f64,
                         if r.failed_allocs > 0 {
                             format!(", **{} failed**", r.failed_allocs)

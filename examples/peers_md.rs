@@ -172,7 +172,7 @@ fn main() {
                         "{} / {:.1} / {} / {:.2}",
                         r.failed_allocs,
                         r.modeled_driver_ns as f64 / 1e6,
-                        r.driver_allocs + r.driver_frees,
+                        r.driver_calls,
                         r.peak_reserved_bytes as f64 / (1u64 << 30) as f64
                     )
                 })
@@ -217,7 +217,7 @@ fn main() {
                 }
                 // Only where both completed: calls and memory of a run that failed say little.
                 if r.completed && a.completed {
-                    let (ac, rc) = (a.driver_allocs + a.driver_frees, r.driver_allocs + r.driver_frees);
+                    let (ac, rc) = (a.driver_calls, r.driver_calls);
                     if ac > rc {
                         short
                             .calls

@@ -65,7 +65,7 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or(0);
             let show = |x: &adaptalloc_cli::compare::StrategyResult| {
                 if x.completed {
-                    format!("{:.1} / {}", ms(x.modeled_driver_ns), x.driver_allocs + x.driver_frees)
+                    format!("{:.1} / {}", ms(x.modeled_driver_ns), x.driver_calls)
                 } else {
                     "FAIL".into()
                 }
@@ -77,7 +77,7 @@ fn main() -> anyhow::Result<()> {
                 show(&r[1]),
                 show(&r[2]),
                 ms(ours.modeled_driver_ns),
-                ours.driver_allocs + ours.driver_frees,
+                ours.driver_calls,
                 100.0 * ours.modeled_driver_ns as f64 / r[0].modeled_driver_ns.max(1) as f64,
                 ours.modeled_driver_ns as f64 / best.max(1) as f64,
                 ours.failed_allocs,

@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
         let mut fails = Vec::new();
         for &f in &factors {
             let m = run_with(t, &policy, (min as f64 * f) as u64);
-            calls += m.driver_allocs + m.driver_frees;
+            calls += m.driver_calls;
             if m.failed_allocs > 0 {
                 fails.push(format!("{f:.2}x: {}", m.failed_allocs));
                 if f == 1.0 {
@@ -103,7 +103,6 @@ fn main() -> anyhow::Result<()> {
 /// 64 MiB) at most 10% of passthrough's calls and 1.05x the best fixed strategy's; at 1.1x
 /// passthrough's minimum at most 25% of passthrough's.
 fn driver_calls_on_training(workloads: &[Trace], policy: &Policy) {
-    let calls = |a: u64, f: u64| a + f;
     let opts = CompareOptions::default();
     println!("\n## Driver calls on training traces and their windows\n");
     println!("| workload | 2x live: ours / passthrough | / best fixed (calls) | 1.1x min: ours / passthrough |");
@@ -115,24 +114,21 @@ fn driver_calls_on_training(workloads: &[Trace], policy: &Policy) {
     {
         let roomy = 2 * t.peak_live_bytes() + (64 << 20);
         let fixed: Vec<_> = Contender::FIXED.iter().map(|&c| run_one(t, c, roomy, &opts)).collect();
-        let pass = calls(fixed[0].driver_allocs, fixed[0].driver_frees);
+        let pass = fixed[0].driver_calls;
         let best = fixed
             .iter()
             .filter(|r| r.completed)
-            .map(|r| calls(r.driver_allocs, r.driver_frees))
+            .map(|r| r.driver_calls)
             .min()
             .unwrap_or(pass);
         let ours = run_with(t, policy, roomy);
-        let ours = calls(ours.driver_allocs, ours.driver_frees);
+        let ours = ours.driver_calls;
         let tight = (passthrough_min_capacity(t, Granularity::default()) as f64 * 1.1) as u64;
         let p11 = run_one(t, Contender::Passthrough, tight, &opts);
         let o11 = run_with(t, policy, tight);
         let share = |o: u64, p: u64| o as f64 / p.max(1) as f64;
         let (r2, rb) = (share(ours, pass), share(ours, best));
-        let r11 = share(
-            calls(o11.driver_allocs, o11.driver_frees),
-            calls(p11.driver_allocs, p11.driver_frees),
-        );
+        let r11 = share(o11.driver_calls, p11.driver_calls);
         let miss = r2 > 0.10 || rb > 1.05 || r11 > 0.25;
         misses += usize::from(miss);
         println!(

@@ -17,11 +17,15 @@ use crate::strategy::{SlabBacking, StrategyKind};
 #[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct DriverSummary {
-    /// Driver allocations (page maps included).
+    /// Physical allocations: cuMemAlloc, and cuMemCreate once per handle.
     pub driver_allocs: u64,
-    /// Driver frees (page unmaps included).
+    /// Physical frees: cuMemFree, and cuMemRelease once per handle.
     pub driver_frees: u64,
-    /// One driver allocation per request and one free per free.
+    /// Every driver call charged, of every kind (the sum of `by_kind`'s calls: maps, unmaps,
+    /// access grants, synchronizations and memory queries included).
+    pub driver_calls: u64,
+    /// Passthrough's calls for the same requests: a cuMemAlloc per request, and a cuMemFree
+    /// and the device synchronization it implies per free.
     pub passthrough_calls: u64,
     /// Our driver calls as a fraction of passthrough's.
     pub calls_ratio: f64,
@@ -195,12 +199,14 @@ impl TuningReport {
                 c.requests * cost.alloc_ns(mean) + c.frees * cost.free_ns(mean)
             })
             .sum();
-        let passthrough_calls = requests + frees;
+        let passthrough_calls = requests + 2 * frees;
+        let calls = input.device_ops.calls();
         let driver = DriverSummary {
-            driver_allocs: st.driver_allocs,
-            driver_frees: st.driver_frees,
+            driver_allocs: input.device_ops.physical_allocs(),
+            driver_frees: input.device_ops.physical_frees(),
+            driver_calls: calls,
             passthrough_calls,
-            calls_ratio: (st.driver_allocs + st.driver_frees) as f64 / passthrough_calls.max(1) as f64,
+            calls_ratio: calls as f64 / passthrough_calls.max(1) as f64,
             driver_ns: input.device_driver_ns,
             passthrough_modeled_ns: passthrough_ns,
             saved_ns: passthrough_ns as i64 - input.device_driver_ns as i64,
@@ -304,19 +310,24 @@ impl TuningReport {
                 ByteSize(self.device_total_bytes)
             ));
         }
-        // Slabs mapped page by page on a device the run never came close to filling: each page
-        // cost the driver a create and a map where one allocation backs a whole slab, and the
-        // fine-grained release pages buy was not needed.
+        // Slabs mapped in physical handles on a device the run never came close to filling: each
+        // handle cost the driver a create and a map where one allocation backs a whole slab, and
+        // the fine-grained release handles buy was not needed.
         let page_creates = self
             .driver
             .by_kind
             .iter()
             .find(|k| k.kind == "create")
             .map_or(0, |k| k.calls);
-        if !tight && roomy && slabs && page_creates > 0 && p.suballoc.backing == SlabBacking::Pages {
+        if !tight
+            && roomy
+            && slabs
+            && page_creates > 0
+            && matches!(p.suballoc.backing, SlabBacking::Pages | SlabBacking::Auto)
+        {
             p.suballoc.backing = SlabBacking::Whole;
             why.push(format!(
-                "{page_creates} physical pages were created for slabs while peak reserved stayed at {} of {}: back slabs \
+                "{page_creates} physical handles were created for slabs while peak reserved stayed at {} of {}: back slabs \
                  whole (suballoc.backing = \"whole\"), one driver allocation per slab",
                 ByteSize(self.memory.peak_reserved_bytes),
                 ByteSize(self.device_total_bytes)
@@ -447,18 +458,23 @@ impl fmt::Display for TuningReport {
         writeln!(f, "| requests / frees | {} / {} |", self.requests, self.frees)?;
         writeln!(
             f,
-            "| driver calls | {} allocs + {} frees = {:.1}% of passthrough's {} |",
+            "| driver calls | {} ({} physical allocations, {} physical frees) = {:.1}% of passthrough's {} |",
+            d.driver_calls,
             d.driver_allocs,
             d.driver_frees,
             d.calls_ratio * 100.0,
             d.passthrough_calls
         )?;
+        let saved = if d.saved_ns >= 0 {
+            format!("saved {}", ms(d.saved_ns as u64))
+        } else {
+            format!("lost {}", ms(d.saved_ns.unsigned_abs()))
+        };
         writeln!(
             f,
-            "| driver time | {} (passthrough, modelled: {}; saved {}) |",
+            "| driver time | {} (passthrough, modelled: {}; {saved}) |",
             ms(d.driver_ns),
             ms(d.passthrough_modeled_ns),
-            ms(d.saved_ns.max(0) as u64)
         )?;
         writeln!(f, "| driver time by kind | {} |", by_kind_line(&d.by_kind, usize::MAX))?;
         writeln!(

@@ -184,9 +184,22 @@ pub struct StrategyResult {
     pub strategy: String,
     pub completed: bool,
     pub failed_allocs: u64,
+    /// Physical allocations (cuMemAlloc, and cuMemCreate once per handle).
     pub driver_allocs: u64,
+    /// Physical frees (cuMemFree, and cuMemRelease once per handle).
     pub driver_frees: u64,
+    /// Every driver call charged, of every kind: the sum of `driver_by_kind`'s calls.
+    pub driver_calls: u64,
     pub modeled_driver_ns: u64,
+    /// With `--repeat` 2 or more: the first pass's modelled driver time, the mean per pass
+    /// over the later half of the passes (the steady state), and the warm-up (the first pass
+    /// plus the one-off costs of the passes before that half).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_pass_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_pass_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warmup_ns: Option<u64>,
     /// Modelled driver calls and time by kind of operation (the kinds with calls).
     pub driver_by_kind: Vec<KindTime>,
     pub peak_reserved_bytes: u64,
@@ -362,7 +375,11 @@ pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &Compar
         failed_allocs: m.failed_allocs,
         driver_allocs: m.driver_allocs,
         driver_frees: m.driver_frees,
+        driver_calls: m.driver_calls,
         modeled_driver_ns: m.modeled_driver_ns,
+        first_pass_ns: (opts.repeat >= 2).then_some(m.passes.first_pass_ns),
+        steady_pass_ns: (opts.repeat >= 2).then_some(m.passes.steady_pass_ns),
+        warmup_ns: (opts.repeat >= 2).then_some(m.passes.warmup_ns),
         driver_by_kind: by_kind(&m.driver_ops),
         peak_reserved_bytes: m.peak_reserved_bytes,
         tenant_failures: dev.tenant_failures(),
@@ -416,15 +433,31 @@ impl Comparison {
                 ByteSize(t.peak_live_bytes),
                 cap
             );
-            out += "| strategy | completed | failed | driver calls | driver time (ms) | dearest kinds | peak reserved | reserved / live | tenant failures |\n";
-            out += "|---|---|---|---|---|---|---|---|---|\n";
+            let passes = t.results.iter().any(|r| r.steady_pass_ns.is_some());
+            out += "| strategy | completed | failed | driver calls | physical allocs / frees | driver time (ms) |";
+            out += if passes {
+                " first pass (ms) | warm-up (ms) | steady, per pass (ms) |"
+            } else {
+                ""
+            };
+            out += " dearest kinds | peak reserved | reserved / live | tenant failures |\n";
+            out += &"|---".repeat(if passes { 12 } else { 9 });
+            out += "|\n";
             for r in &t.results {
+                let pass_cells = if passes {
+                    let ms = |v: Option<u64>| format!(" {:.1} |", v.unwrap_or(0) as f64 / 1e6);
+                    ms(r.first_pass_ns) + &ms(r.warmup_ns) + &ms(r.steady_pass_ns)
+                } else {
+                    String::new()
+                };
                 out += &format!(
-                    "| {} | {} | {} | {} | {:.1} | {} | {} | {:.3} | {} |\n",
+                    "| {} | {} | {} | {} | {} / {} | {:.1} |{pass_cells} {} | {} | {:.3} | {} |\n",
                     r.strategy,
                     if r.completed { "yes" } else { "no" },
                     r.failed_allocs,
-                    r.driver_allocs + r.driver_frees,
+                    r.driver_calls,
+                    r.driver_allocs,
+                    r.driver_frees,
                     r.modeled_driver_ns as f64 / 1e6,
                     by_kind_line(&r.driver_by_kind, 3),
                     ByteSize(r.peak_reserved_bytes),
@@ -451,28 +484,34 @@ impl std::fmt::Display for Comparison {
                 ByteSize(t.peak_live_bytes),
                 cap
             )?;
+            let passes = t.results.iter().any(|r| r.steady_pass_ns.is_some());
+            let pass_head = if passes {
+                format!(" {:>12} {:>12}", "first pass", "steady/pass")
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
-                "  {:<18} {:>6} {:>10} {:>9} {:>12} {:>11} {:>14}",
+                "  {:<18} {:>6} {:>10} {:>9} {:>12}{pass_head} {:>11} {:>14}",
                 "strategy", "failed", "drv calls", "vs pass", "driver time", "reserved", "reserved/live"
             )?;
             let base = t.results.iter().find(|r| r.strategy == "passthrough");
             for r in &t.results {
-                let calls = r.driver_allocs + r.driver_frees;
                 let ratio = base
-                    .map(|b| {
-                        format!(
-                            "{:.1}%",
-                            100.0 * calls as f64 / (b.driver_allocs + b.driver_frees).max(1) as f64
-                        )
-                    })
+                    .map(|b| format!("{:.1}%", 100.0 * r.driver_calls as f64 / b.driver_calls.max(1) as f64))
                     .unwrap_or_else(|| "-".into());
+                let pass_cells = if passes {
+                    let ms = |v: Option<u64>| format!(" {:>10.1}ms", v.unwrap_or(0) as f64 / 1e6);
+                    ms(r.first_pass_ns) + &ms(r.steady_pass_ns)
+                } else {
+                    String::new()
+                };
                 writeln!(
                     f,
-                    "  {:<18} {:>6} {:>10} {:>9} {:>10.1}ms {:>11} {:>14.3}",
+                    "  {:<18} {:>6} {:>10} {:>9} {:>10.1}ms{pass_cells} {:>11} {:>14.3}",
                     r.strategy,
                     r.failed_allocs,
-                    calls,
+                    r.driver_calls,
                     ratio,
                     r.modeled_driver_ns as f64 / 1e6,
                     ByteSize(r.peak_reserved_bytes).to_string(),
@@ -566,7 +605,7 @@ pub fn timeline(trace: &Trace, contender: Contender, capacity: u64, opts: &Compa
     Timeline {
         points: out,
         failed_at: marked.failed_at.into_inner(),
-        driver_calls: m.driver_allocs + m.driver_frees,
+        driver_calls: m.driver_calls,
         modeled_driver_ns: m.modeled_driver_ns,
     }
 }

@@ -81,7 +81,7 @@ pub fn tune(traces: &[Trace], capacity: Capacity, base: &Policy) -> Tuning {
                 let alloc = Allocator::with_policy(Arc::new(SimDevice::new(cap)) as Arc<dyn Device>, policy.clone());
                 let m = replay(trace, &alloc);
                 t.failed_allocs += m.failed_allocs;
-                t.driver_calls += m.driver_allocs + m.driver_frees;
+                t.driver_calls += m.driver_calls;
                 t.modeled_driver_ns += m.modeled_driver_ns;
                 let ratio = m.peak_reserved_bytes as f64 / m.peak_live_bytes.max(1) as f64;
                 t.max_reserved_over_live = t.max_reserved_over_live.max(ratio);

@@ -83,6 +83,7 @@ fn compare_json_has_the_documented_shape() {
             "completed",
             "driver_allocs",
             "driver_by_kind",
+            "driver_calls",
             "driver_frees",
             "failed_allocs",
             "modeled_driver_ns",
@@ -101,6 +102,25 @@ fn compare_json_has_the_documented_shape() {
             assert_eq!(keys(k), ["calls", "kind", "ns"]);
             assert!(k["calls"].as_u64().unwrap() > 0, "{k}");
         }
+        // Honest counts: every call charged, and every physical allocation and free.
+        let calls = |kind: &str| {
+            kinds
+                .iter()
+                .find(|k| k["kind"] == kind)
+                .map_or(0, |k| k["calls"].as_u64().unwrap())
+        };
+        let all: u64 = kinds.iter().map(|k| k["calls"].as_u64().unwrap()).sum();
+        assert_eq!(r["driver_calls"].as_u64().unwrap(), all, "{r}");
+        assert_eq!(
+            r["driver_allocs"].as_u64().unwrap(),
+            calls("alloc") + calls("create"),
+            "{r}"
+        );
+        assert_eq!(
+            r["driver_frees"].as_u64().unwrap(),
+            calls("free") + calls("release"),
+            "{r}"
+        );
     }
     let names: Vec<&str> = t["results"]
         .as_array()
@@ -142,6 +162,19 @@ fn compare_json_has_the_documented_shape() {
     assert_eq!(fixed["traces"].as_array().unwrap().len(), 4, "the bundled workloads");
     assert!(fixed["traces"][0].get("capacity_bytes").is_none());
     assert_eq!(fixed["traces"][0]["results"].as_array().unwrap().len(), 2);
+    // With --repeat 2 or more: the first pass, the warm-up and the steady state per pass.
+    for r in fixed["traces"][0]["results"].as_array().unwrap() {
+        let ns = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+        assert!(ns("first_pass_ns") <= ns("modeled_driver_ns"), "{r}");
+        assert_eq!(
+            ns("first_pass_ns") + ns("steady_pass_ns"),
+            ns("modeled_driver_ns"),
+            "two passes: {r}"
+        );
+        assert_eq!(ns("warmup_ns"), ns("first_pass_ns"), "{r}");
+    }
+    let text = ok(&["compare", "--strategies", "passthrough,adaptive", "--repeat", "3"]);
+    assert!(text.contains("first pass") && text.contains("steady/pass"), "{text}");
     let md = ok(&["compare", "--strategies", "suballoc", "--format", "markdown"]);
     assert!(md.contains("| strategy | completed |"), "{md}");
 }
@@ -472,7 +505,7 @@ fn timeline_marks_each_failed_request() {
     let run = run_one(&t, Contender::Caching, cap, &opts);
     assert!(run.failed_allocs > 0, "unbounded caching fails on a tight device");
     assert_eq!(line.failed_at.len() as u64, run.failed_allocs);
-    assert_eq!(line.driver_calls, run.driver_allocs + run.driver_frees);
+    assert_eq!(line.driver_calls, run.driver_calls);
     assert!(
         line.failed_at.windows(2).all(|w| w[0] < w[1]),
         "one mark per event, in order"

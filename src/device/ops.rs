@@ -91,6 +91,21 @@ impl DriverOps {
     pub fn total_ns(&self) -> u64 {
         self.kinds().iter().map(|(_, t)| t.ns).sum()
     }
+
+    /// Every driver call charged, of every kind (the sum over [`kinds`](Self::kinds)).
+    pub fn calls(&self) -> u64 {
+        self.kinds().iter().map(|(_, t)| t.calls).sum()
+    }
+
+    /// Physical allocations: cuMemAlloc and cuMemCreate (one per handle).
+    pub fn physical_allocs(&self) -> u64 {
+        self.alloc.calls + self.create.calls
+    }
+
+    /// Physical frees: cuMemFree and cuMemRelease (one per handle reference).
+    pub fn physical_frees(&self) -> u64 {
+        self.free.calls + self.release.calls
+    }
 }
 
 /// A call a stream-ordered pool serves without the driver's allocation path (see
@@ -121,5 +136,11 @@ mod tests {
         assert_eq!(d.unmap_sync, OpTally::default());
         assert_eq!(b.total_ns(), 30 + 7 + 3);
         assert_eq!(a.kinds().len(), 15);
+        b.create.charge(4, 1);
+        b.release.charge(2, 1);
+        assert_eq!(
+            (b.calls(), b.physical_allocs(), b.physical_frees()),
+            (3 + 1 + 3 + 4 + 2, 3 + 4, 2)
+        );
     }
 }

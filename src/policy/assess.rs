@@ -64,6 +64,9 @@ pub(crate) struct Sample {
     /// Passthrough's footprint of the live blocks now, and its peak so far.
     pub footprint: u64,
     pub footprint_peak: u64,
+    /// The most the strategies held at any sample so far: what the workload's cycle has shown
+    /// it needs (every driver allocation is followed by a sample, so no growth goes unseen).
+    pub reserved_peak: u64,
 }
 
 /// What the previous samples decided and this one may change.
@@ -77,6 +80,7 @@ pub(crate) struct Prior {
 pub(crate) const OVER_PEAK: &str =
     "idle memory over the workload's peak plus bounds.spare_share of the memory free at it";
 pub(crate) const OVER_MAX_IDLE: &str = "idle memory over policy bounds.max_idle";
+pub(crate) const OVER_CYCLE: &str = "idle memory over what the workload's cycle has held at its peak";
 pub(crate) const UNDER_HEADROOM: &str = "free device memory under the headroom";
 pub(crate) const UNDER_WATERMARK: &str = "free device memory under the low watermark";
 
@@ -104,6 +108,9 @@ pub(crate) struct Plan {
     pub tight: bool,
     /// The most a new slab may take beyond its request: free memory less the headroom.
     pub slab_limit: u64,
+    /// Free memory above `bounds.tight_below`: how large a slab may be and still be backed by
+    /// handles of tens of MiB under `suballoc.backing = "auto"`.
+    pub roomy_above: u64,
     pub segregate: bool,
     pub growth: f64,
 }
@@ -141,6 +148,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         pressure,
         tight,
         slab_limit: s.free.saturating_sub(lim.headroom),
+        roomy_above: s.free.saturating_sub(lim.tight_below),
         segregate: match lim.segregate {
             Segregate::Always => true,
             Segregate::Never => false,
@@ -172,6 +180,12 @@ fn spare_at_peak(s: &Sample, lim: &Limits, cycle_seen: bool) -> u64 {
 /// between requests). Tight mode itself needs no test of its own here: without one,
 /// gpu-medium-ctx256-infer at 1.1x passthrough's minimum makes 265 driver calls instead of 477,
 /// with the same failures everywhere.
+///
+/// Whatever else says, idle memory up to what the allocator held at its peak so far is kept
+/// (on frees and at samples): the next cycle asks for it again, and giving it back at the low
+/// point of a step only makes the driver create it anew (a serving loop that frees a 2 GiB
+/// buffer after every request re-created it every request). What the headroom, the low
+/// watermark, an out-of-memory retry and age (`bounds.idle_age_ops`) give back is unaffected.
 fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<u64>) -> (u64, u64, &'static str) {
     let clear = budget.map_or(!tight, |b| s.stranded <= b / STRAND_CLEAR_DIVISOR);
     let hold = if !clear || lim.spare_share <= 0.0 {
@@ -179,9 +193,14 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
     } else {
         s.footprint_peak + (spare as f64 * lim.spare_share) as u64
     };
-    let on_free = lim.max_idle.max(hold);
+    // The idle memory that brings what is held back to the cycle's peak.
+    let in_use = s.reserved - s.idle;
+    let cycle = s.reserved_peak.saturating_sub(in_use);
+    let on_free = lim.max_idle.max(hold).max(s.reserved_peak);
     let to_peak = hold.saturating_sub(s.footprint);
-    if to_peak > lim.max_idle {
+    if cycle >= to_peak.max(lim.max_idle) {
+        (on_free, cycle, OVER_CYCLE)
+    } else if to_peak > lim.max_idle {
         (on_free, to_peak, OVER_PEAK)
     } else {
         (on_free, lim.max_idle, OVER_MAX_IDLE)
@@ -243,6 +262,7 @@ mod tests {
             stranded: 0,
             footprint: 9 * GIB,
             footprint_peak: 10 * GIB,
+            reserved_peak: 10 * GIB,
         }
     }
 
@@ -258,6 +278,35 @@ mod tests {
             (p.on_free_idle, p.idle_target, p.reason),
             (hold, hold - 9 * GIB, OVER_PEAK)
         );
+    }
+
+    /// Idle memory up to the cycle's peak is kept whatever max_idle says: a sample at the low
+    /// point of a step (2 GiB in use of a 10 GiB peak, 8 GiB idle) keeps all 8 GiB, and frees
+    /// until the next sample may leave up to the peak idle; idle memory beyond the peak (held
+    /// by no cycle, as after a co-tenant) is bounded as before.
+    #[test]
+    fn idle_memory_up_to_the_cycles_peak_is_kept_for_the_next_cycle() {
+        let mut l = limits();
+        l.spare_share = 0.0; // no spare share: max_idle alone would keep 512 MiB
+        let mut s = sample();
+        (s.idle, s.footprint) = (8 * GIB, 2 * GIB);
+        let p = assess(&s, &l, Prior::default());
+        assert_eq!(
+            (p.idle_target, p.on_free_idle, p.reason),
+            (8 * GIB, 10 * GIB, OVER_CYCLE)
+        );
+        // Stranding over the budget once cut the bound to max_idle; the cycle still holds.
+        s.stranded = GIB;
+        assert_eq!(assess(&s, &l, Prior::default()).idle_target, 8 * GIB);
+        // Under the headroom, the headroom rule still gives back what others need.
+        s.free = GIB + 512 * MIB;
+        let p = assess(&s, &l, Prior::default());
+        assert_eq!((p.idle_target, p.reason), (7 * GIB + 512 * MIB, UNDER_HEADROOM));
+        // Held beyond the peak (the peak so far was 6 GiB): bounded by max_idle.
+        let mut s = sample();
+        (s.idle, s.reserved_peak) = (8 * GIB, 6 * GIB);
+        let p = assess(&s, &l, Prior::default());
+        assert_eq!((p.idle_target, p.reason), (4 * GIB, OVER_CYCLE));
         assert!(!p.tight && !p.pressure && !p.unmap_pages && !p.segregate);
         assert_eq!((p.slab_limit, p.growth), (38 * GIB, 1.0));
     }
@@ -293,9 +342,9 @@ mod tests {
                 |p| p.strand_budget.is_none(),
             ),
             (
-                "stranding over a quarter of the budget: idle bounded by max_idle",
-                |s, _, _| s.stranded = GIB,
-                |p| p.idle_target == 512 * MIB && p.on_free_idle == 512 * MIB && p.reason == OVER_MAX_IDLE,
+                "stranding over a quarter of the budget: idle bounded by max_idle past the cycle's peak",
+                |s, _, _| (s.stranded, s.reserved_peak) = (GIB, 9 * GIB),
+                |p| p.idle_target == 512 * MIB && p.on_free_idle == 9 * GIB && p.reason == OVER_MAX_IDLE,
             ),
             (
                 "under the headroom: keep only what leaves free at the headroom, unmap pages",

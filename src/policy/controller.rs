@@ -35,6 +35,8 @@ pub struct Engine {
     /// What the driver would consume for the live blocks as separate allocations, and its
     /// peak: passthrough's footprint of this workload so far.
     footprint: Counter,
+    /// The most the strategies held at a sample so far (the cycle's peak).
+    reserved_peak: u64,
     pub(crate) journal: Journal,
     started: Instant,
 }
@@ -53,6 +55,7 @@ impl Engine {
             in_pressure: false,
             model,
             footprint: Counter::default(),
+            reserved_peak: 0,
             journal: Journal::new(policy.routing.interval_ops),
             started: Instant::now(),
             classes: (0..BUCKETS).map(|_| ClassStats::new()).collect(),
@@ -183,10 +186,13 @@ impl Engine {
         let Ok(info) = dev.mem_info() else { return };
         self.journal.mem_info_samples += 1;
         self.last_free = info.free;
+        let reserved: u64 = strategies.iter().map(Strategy::reserved_bytes).sum();
+        self.reserved_peak = self.reserved_peak.max(reserved);
         let sample = Sample {
             op,
             free: info.free,
-            reserved: strategies.iter().map(Strategy::reserved_bytes).sum(),
+            reserved,
+            reserved_peak: self.reserved_peak,
             idle: strategies.iter().map(Strategy::idle_bytes).sum(),
             stranded: strategies.iter().map(Strategy::stranded_bytes).sum(),
             footprint: self.footprint.current,
@@ -244,6 +250,7 @@ impl Engine {
             if let Strategy::Suballoc(sub) = st {
                 sub.set_strand_budget(plan.strand_budget);
                 sub.set_slab_limit(plan.slab_limit);
+                sub.set_roomy_above(plan.roomy_above);
                 sub.set_segregate(plan.segregate);
                 sub.set_growth(plan.growth);
             }

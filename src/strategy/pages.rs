@@ -8,6 +8,10 @@
 #[derive(Debug, Clone)]
 pub(crate) struct PageMap {
     page: u64,
+    /// log2(page) when the page is a power of two (device pages, and most slabs backed by one
+    /// handle): offsets then turn into pages by shifts; a slab of its own request's size backed
+    /// by one handle has a page of that size, and divides.
+    shift: Option<u32>,
     /// Live blocks overlapping each page.
     refs: Vec<u32>,
     mapped: Vec<bool>,
@@ -19,10 +23,11 @@ pub(crate) struct PageMap {
 impl PageMap {
     /// A slab of `size` bytes (a multiple of `page`), nothing mapped yet.
     pub(crate) fn new(size: u64, page: u64) -> Self {
-        debug_assert!(page.is_power_of_two(), "page size {page} is not a power of two");
+        debug_assert!(page > 0, "page size 0");
         let n = size.div_ceil(page) as usize;
         PageMap {
             page,
+            shift: page.is_power_of_two().then(|| page.trailing_zeros()),
             refs: vec![0; n],
             mapped: vec![false; n],
             mapped_bytes: 0,
@@ -32,11 +37,12 @@ impl PageMap {
 
     #[inline]
     fn pages_of(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
-        // Page sizes are powers of two (CUDA's VMM granularity): shifts, not divisions.
-        let shift = self.page.trailing_zeros();
-        let first = (offset >> shift) as usize;
-        let last = ((offset + len + self.page - 1) >> shift) as usize;
-        first..last.min(self.refs.len())
+        // Device pages are powers of two (CUDA's VMM granularity): shifts, not divisions.
+        let (first, last) = match self.shift {
+            Some(shift) => (offset >> shift, (offset + len + self.page - 1) >> shift),
+            None => (offset / self.page, (offset + len).div_ceil(self.page)),
+        };
+        first as usize..(last as usize).min(self.refs.len())
     }
 
     /// The page size.

@@ -50,7 +50,7 @@ pub fn load(path: &std::path::Path, lenient: bool) -> Result<Trace, crate::Trace
             .into(),
     })
 }
-pub use replay::{ReplayMetrics, ReplayOptions, ReplayTarget, TargetCounters, replay, replay_with};
+pub use replay::{PassTimes, ReplayMetrics, ReplayOptions, ReplayTarget, TargetCounters, replay, replay_with};
 
 use serde::Serialize;
 

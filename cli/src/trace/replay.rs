@@ -85,9 +85,12 @@ pub struct ReplayMetrics {
     pub events: u64,
     /// Allocations the allocator refused (their frees are skipped).
     pub failed_allocs: u64,
-    /// Driver allocations and frees made during the replay.
+    /// Physical allocations during the replay (cuMemAlloc and cuMemCreate, one per handle)
+    /// and physical frees (cuMemFree and cuMemRelease), from the device's count by kind.
     pub driver_allocs: u64,
     pub driver_frees: u64,
+    /// Every driver call charged, of every kind (the sum of `driver_ops`).
+    pub driver_calls: u64,
     /// Time in the driver: modelled on SimDevice, measured on a GPU.
     pub modeled_driver_ns: u64,
     /// The same by kind of driver operation.
@@ -98,6 +101,41 @@ pub struct ReplayMetrics {
     pub oom_recoveries: u64,
     /// Wall-clock time of the replay on this machine (allocator overhead, not the GPU's).
     pub wall_ns: u64,
+    /// Modelled driver time split by pass (with `repeat` of 2 or more).
+    pub passes: PassTimes,
+}
+
+/// Modelled driver time by pass: the first pass, the steady state (the mean over the later
+/// half of the passes: passes 6-10 of 10), and the warm-up (the passes before that half, less
+/// the steady state of all but the first: the first pass plus the one-off costs of the next
+/// ones). Zero with one pass, where there is no steady state to tell apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PassTimes {
+    pub first_pass_ns: u64,
+    pub steady_pass_ns: u64,
+    pub warmup_ns: u64,
+}
+
+impl PassTimes {
+    /// From the modelled time of each pass, in order.
+    pub fn of(pass_ns: &[u64]) -> Self {
+        let n = pass_ns.len();
+        if n < 2 {
+            return PassTimes::default();
+        }
+        let later = n / 2;
+        let steady = pass_ns[n - later..].iter().sum::<u64>() / later as u64;
+        let early = &pass_ns[..n - later];
+        let warmup = early
+            .iter()
+            .sum::<u64>()
+            .saturating_sub(steady * (early.len() as u64 - 1));
+        PassTimes {
+            first_pass_ns: pass_ns[0],
+            steady_pass_ns: steady,
+            warmup_ns: warmup,
+        }
+    }
 }
 
 impl ReplayMetrics {
@@ -147,6 +185,8 @@ pub fn replay_with<T: ReplayTarget + ?Sized>(
     // id -> (pointer, stream, allocation sequence number).
     let mut live: HashMap<u64, (DevicePtr, u64, u64)> = HashMap::with_capacity(1024);
     let mut m = ReplayMetrics::default();
+    let mut pass_ns = Vec::with_capacity(opts.repeat.max(1) as usize);
+    let mut pass_start = device_before.driver_ns;
     for _ in 0..opts.repeat.max(1) {
         for e in &trace.events {
             before_event(m.events);
@@ -177,15 +217,20 @@ pub fn replay_with<T: ReplayTarget + ?Sized>(
             alloc.deallocate(ptr, stream);
         }
         alloc.synchronize();
+        let now = alloc.device().stats().driver_ns;
+        pass_ns.push(now - pass_start);
+        pass_start = now;
     }
+    m.passes = PassTimes::of(&pass_ns);
     m.wall_ns = start.elapsed().as_nanos() as u64;
     let after = alloc.counters();
-    m.driver_allocs = after.driver_allocs - before.driver_allocs;
-    m.driver_frees = after.driver_frees - before.driver_frees;
     m.oom_recoveries = after.oom_recoveries - before.oom_recoveries;
     let device_after = alloc.device().stats();
     m.modeled_driver_ns = device_after.driver_ns - device_before.driver_ns;
     m.driver_ops = device_after.ops.since(&device_before.ops);
+    m.driver_allocs = m.driver_ops.physical_allocs();
+    m.driver_frees = m.driver_ops.physical_frees();
+    m.driver_calls = m.driver_ops.calls();
     m.peak_live_bytes = after.peak_live_bytes;
     m.peak_reserved_bytes = after.peak_reserved_bytes;
     m

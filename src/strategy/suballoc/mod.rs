@@ -31,11 +31,17 @@ use crate::size::{ALIGNMENT, GIB, MIB, round_up};
 /// page at a time (nothing strands), but the driver's cost goes with the number of physical
 /// handles (a create and a map each: 2 MiB pages make a 1 GiB slab 512 handles); large handles
 /// (an eighth of the slab) cost an eighth as many calls and release an eighth of the slab at a
-/// time; a whole slab is one driver allocation that goes back only when empty. In policy files
-/// `suballoc.backing = "pages" | "large-handles" | "whole"`.
+/// time; a whole slab is one driver allocation that goes back only when empty. `Auto` chooses
+/// per slab: one handle where the strand guard's budget left covers the whole slab, handles of
+/// up to 64 MiB while free memory stays above the tight threshold with the slab mapped, pages
+/// otherwise. In policy files `suballoc.backing = "pages" | "auto" | "large-handles" | "whole"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SlabBacking {
+    /// One handle per slab where the strand budget left ([`Suballoc::set_strand_budget`])
+    /// covers it, handles of up to 64 MiB while the device has room
+    /// ([`Suballoc::set_roomy_above`]), a handle per device page otherwise.
+    Auto,
     /// A physical handle per device page.
     #[default]
     Pages,
@@ -150,6 +156,9 @@ pub struct Suballoc {
     /// Most bytes one new slab may take beyond the request itself (set by the policy engine
     /// from free device memory minus headroom).
     slab_limit: u64,
+    /// Free device memory above the tight threshold (set by the policy engine): under
+    /// `SlabBacking::Auto`, a new slab no larger than this is backed by handles of tens of MiB.
+    roomy_above: u64,
     /// The allocator's operation count at the last free.
     now: u64,
     /// `now` when the device last quiesced ([`quiesce`](Self::quiesce)): unmapping needs no
@@ -189,6 +198,7 @@ impl Suballoc {
             empty: Vec::new(),
             acct: Accounts::default(),
             slab_limit: u64::MAX,
+            roomy_above: 0,
             now: 0,
             quiesced_at: None,
             pages: Vec::new(),
@@ -305,7 +315,10 @@ impl Suballoc {
         let pinned = match found {
             Some(idx) => self.pins(idx, pad, bytes),
             None => match self.vmm_for_new(dev) {
-                Some(vmm) => round_up(bytes, self.handle_for(vmm.page_size(), bytes)),
+                Some(vmm) => round_up(
+                    bytes,
+                    self.handle_for(vmm.page_size(), round_up(bytes, vmm.page_size())),
+                ),
                 None => round_up(bytes, dev.granularity().max(ALIGNMENT)),
             },
         };
@@ -341,15 +354,6 @@ impl Suballoc {
     /// Sets the strand guard's budget (None: no guard). See [`allocate_guarded`](Self::allocate_guarded).
     pub fn set_strand_budget(&mut self, budget: Option<u64>) {
         self.strand_budget = budget;
-    }
-
-    /// The handle a new page-backed slab of `size` bytes is mapped in, on a device of `page`.
-    pub(super) fn handle_for(&self, page: u64, size: u64) -> u64 {
-        let eighth = size / 8;
-        if self.config.backing != SlabBacking::LargeHandles || eighth < page {
-            return page;
-        }
-        (1u64 << (63 - eighth.leading_zeros())).max(page)
     }
 
     /// The device's virtual memory when new slabs are backed by it.
@@ -445,6 +449,12 @@ impl Suballoc {
     /// Caps how much a new slab may take beyond what its request needs.
     pub fn set_slab_limit(&mut self, limit: u64) {
         self.slab_limit = limit;
+    }
+
+    /// Free device memory above the tight threshold, for `SlabBacking::Auto`'s choice of
+    /// handle size.
+    pub fn set_roomy_above(&mut self, bytes: u64) {
+        self.roomy_above = bytes;
     }
 
     /// Bytes in wholly empty slabs (releasable); the rest of the idle bytes is free space

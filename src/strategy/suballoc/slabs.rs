@@ -1,12 +1,44 @@
 //! The suballocator's slabs: taking one from the device (whole, or a reserved range backed page
 //! by page), giving one back, and the list of wholly free slabs kept for reuse.
 
-use super::{NIL, Node, PageMap, Slab, Suballoc, USED};
+use super::{NIL, Node, PageMap, Slab, SlabBacking, Suballoc, USED};
 use crate::device::Device;
 use crate::error::DeviceError;
+use crate::size::MIB;
 use crate::size::{ALIGNMENT, round_up};
 
+/// The largest handle of a slab backed under `SlabBacking::Auto` outside the strand budget:
+/// 64 MiB costs about three 2 MiB handles to create (cost model: 608 us at 128 MiB against
+/// 193 us at 2 MiB) and strands at most 64 MiB where one block is left in it.
+const ROOMY_HANDLE: u64 = 64 * MIB;
+
 impl Suballoc {
+    /// The handle a new page-backed slab of `size` bytes (a multiple of `page`) is mapped in,
+    /// on a device of `page`.
+    pub(super) fn handle_for(&self, page: u64, size: u64) -> u64 {
+        match self.config.backing {
+            SlabBacking::Auto => {
+                // A handle strands all of itself while one live block holds it. One handle
+                // for the slab where the strand guard's budget left covers it; handles of tens
+                // of MiB while the device stays out of tight territory with the slab mapped;
+                // pages in the last margin before the capacity.
+                let left = self
+                    .strand_budget
+                    .map_or(0, |b| b.saturating_sub(self.stranded_bytes()));
+                if size > page && size <= left {
+                    size
+                } else if size > page && size <= self.roomy_above {
+                    // The largest power of two dividing the slab, at most ROOMY_HANDLE.
+                    (1u64 << size.trailing_zeros()).clamp(page, ROOMY_HANDLE)
+                } else {
+                    page
+                }
+            }
+            SlabBacking::LargeHandles if size / 8 >= page => (1u64 << (63 - (size / 8).leading_zeros())).max(page),
+            _ => page,
+        }
+    }
+
     #[cold]
     pub(super) fn new_slab(&mut self, dev: &dyn Device, bytes: u64, pool: u8) -> Result<u32, DeviceError> {
         let granule = dev.granularity().max(ALIGNMENT);
@@ -37,13 +69,20 @@ impl Suballoc {
             Some(vmm) => {
                 // Address space is free: reserve the whole slab, map what fits (all of it, or
                 // just the request's handles on a tight device).
-                let handle = self.handle_for(vmm.page_size(), preferred);
+                let page = vmm.page_size();
+                let mut handle = self.handle_for(page, round_up(preferred, page));
                 let preferred = round_up(preferred, handle);
-                let exact = round_up(bytes, handle);
                 let base = vmm.reserve(preferred)?;
+                let mut mapped = vmm.map_handles(base, preferred, handle).map(|()| preferred);
+                if handle > page && mapped.as_ref().is_err_and(|e| e.is_out_of_memory()) {
+                    // No room for one large handle: pages, as many as fit.
+                    handle = page;
+                    mapped = vmm.map_handles(base, preferred, handle).map(|()| preferred);
+                }
+                let exact = round_up(bytes, handle);
                 let mut pm = PageMap::new(preferred, handle);
-                let mapped = match vmm.map_handles(base, preferred, handle) {
-                    Ok(()) => preferred,
+                let mapped = match mapped {
+                    Ok(m) => m,
                     Err(e) if e.is_out_of_memory() && preferred > exact => match vmm.map_handles(base, exact, handle) {
                         Ok(()) => exact,
                         Err(e) => {

@@ -272,7 +272,7 @@ fn results_row(trace: &Trace, name: &str, target: &dyn ReplayTarget, repeat: u32
         "| {} | {name} | {} | {} | {:.1} | {:.0} | {} | {} | {:.3} |\n",
         trace.name,
         m.failed_allocs,
-        m.driver_allocs + m.driver_frees,
+        m.driver_calls,
         m.wall_ns as f64 / 1e6,
         mean,
         q(0.5),

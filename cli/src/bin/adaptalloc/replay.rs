@@ -89,12 +89,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, None) => unreachable!("no strategy means the default policy"),
     };
     let mut text = format!(
-        "{}: {} events on {}: {} failed allocations, {} driver allocations + {} frees, modelled driver time {:.1} ms, \
-         peak live {}, peak reserved {}, {} tenant failures{}\n",
+        "{}: {} events on {}: {} failed allocations, {} driver calls ({} physical allocations + {} frees), modelled \
+         driver time {:.1} ms, peak live {}, peak reserved {}, {} tenant failures{}\n",
         trace.name,
         m.events,
         dev.name(),
         m.failed_allocs,
+        m.driver_calls,
         m.driver_allocs,
         m.driver_frees,
         m.modeled_driver_ns as f64 / 1e6,
