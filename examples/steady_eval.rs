@@ -115,11 +115,13 @@ fn main() {
                 {
                     misses.push(format!("steady {}: {:.2} vs {:.2} ms", t.name, ms(asd), ms(b)));
                 }
+                if pt.completed && a.completed {
+                    steady += asd;
+                    steady_pt += pt.steady_pass_ns.unwrap();
+                }
                 if !tight && pt.completed && a.completed {
                     warm += aw;
                     warm_pt += pt.warmup_ns.unwrap();
-                    steady += asd;
-                    steady_pt += pt.steady_pass_ns.unwrap();
                     if aw as f64 > 1.5 * pt.warmup_ns.unwrap() as f64 {
                         misses.push(format!(
                             "warm-up {}: {:.1} vs {:.1} ms ({:.1}x)",
