@@ -15,7 +15,7 @@ use crate::size::ByteSize;
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CostCurve {
-    /// `[[size, ns], ...]`, sizes strictly increasing, each price at most [`MAX_PRICE_NS`].
+    /// `[[size, ns], ...]`, sizes strictly increasing, each price at most one second.
     #[serde(deserialize_with = "price_points")]
     pub points: Vec<(ByteSize, u64)>,
 }
