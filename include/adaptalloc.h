@@ -26,8 +26,15 @@ extern "C" {
 /* A cudaStream_t, without requiring the CUDA headers. */
 typedef void *adaptalloc_stream_t;
 
-/* Statistics of one device's allocator. */
+/* The ABI version: 1, the first ten fields of AdaptallocStats; 2, stream_reclaims and
+ * stream_waits added; 3, adaptalloc_stats_sized and adaptalloc_abi_version added, and
+ * adaptalloc_stats writing the version-1 fields only. */
+#define ADAPTALLOC_ABI_VERSION 3
+
+/* Statistics of one device's allocator. Fields are only ever added at the end; the version each
+ * came in is marked. Fill it with adaptalloc_stats_sized(device, &s, sizeof s). */
 typedef struct AdaptallocStats {
+    /* Version 1. */
     uint64_t live_bytes;
     uint64_t peak_live_bytes;
     uint64_t reserved_bytes;
@@ -38,7 +45,7 @@ typedef struct AdaptallocStats {
     uint64_t driver_frees;
     uint64_t failed_allocs;
     uint64_t oom_recoveries;
-    /* Times memory freed on a stream came to serve every stream because the stream's work was
+    /* Version 2. Times memory freed on a stream came to serve every stream because the stream's work was
      * done (queried), and waits on a stream's work before failing a request. */
     uint64_t stream_reclaims;
     uint64_t stream_waits;
@@ -54,9 +61,18 @@ void adaptalloc_free(void *ptr, size_t size, int device, adaptalloc_stream_t str
 /* Gives idle memory of every device back to the driver; returns the bytes released. */
 uint64_t adaptalloc_empty_cache(void);
 
-/* Fills *out with device's statistics; 0 on success, -1 if out is NULL or nothing was
- * allocated on that device yet. */
+/* Fills the first out_size bytes of *out (whole fields, at most sizeof(AdaptallocStats)) with
+ * device's statistics, never more; 0 on success, -1 if out is NULL or nothing was allocated on
+ * that device yet. Pass sizeof your struct: a library newer than your header writes only the
+ * fields you know. (Since version 3.) */
+int adaptalloc_stats_sized(int device, AdaptallocStats *out, size_t out_size);
+
+/* Fills the version-1 fields of *out (the first ten, 80 bytes) and nothing beyond, for callers
+ * built before adaptalloc_stats_sized; 0, or -1 as above. */
 int adaptalloc_stats(int device, AdaptallocStats *out);
+
+/* The library's ADAPTALLOC_ABI_VERSION. (Since version 3.) */
+uint32_t adaptalloc_abi_version(void);
 
 /* Tells device's allocator that all work queued on stream has completed (after
  * cudaStreamSynchronize): memory freed on it then serves every stream at once. Without it, such

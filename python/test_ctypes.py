@@ -34,7 +34,11 @@ def load():
     lib.adaptalloc_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
     lib.adaptalloc_empty_cache.restype = ctypes.c_uint64
     lib.adaptalloc_stats.restype = ctypes.c_int
-    lib.adaptalloc_stats.argtypes = [ctypes.c_int, ctypes.POINTER(Stats)]
+    lib.adaptalloc_stats.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    lib.adaptalloc_stats_sized.restype = ctypes.c_int
+    lib.adaptalloc_stats_sized.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+    lib.adaptalloc_abi_version.restype = ctypes.c_uint32
+    lib.adaptalloc_abi_version.argtypes = []
     lib.adaptalloc_last_error.restype = ctypes.c_char_p
     lib.adaptalloc_synchronize_stream.restype = ctypes.c_int
     lib.adaptalloc_synchronize_stream.argtypes = [ctypes.c_int, ctypes.c_void_p]
@@ -163,6 +167,25 @@ def child(mode):
         report = os.environ["ADAPTALLOC_REPORT"]
         assert not os.path.exists(report), "a child wrote the parent's report"
         print("fork ok: 400 children forked while 3 threads allocated; none hung or failed")
+    elif mode == "abi":
+        # Version 3: every field with the size given, nothing past it; the 2-argument call the
+        # ten fields of version 1 only, whatever header the caller was built against.
+        assert lib.adaptalloc_abi_version() == 3
+        assert int(re.search(r"#define ADAPTALLOC_ABI_VERSION (\d+)", open(HEADER).read()).group(1)) == 3
+        p = lib.adaptalloc_malloc(4096, 0, None)
+        guard = 0xABABABABABABABAB
+        for size, written in ((96, 12), (64, 8), (7, 0), (1000, 12)):
+            buf = (ctypes.c_uint64 * 16)(*([guard] * 16))
+            assert lib.adaptalloc_stats_sized(0, buf, size) == 0, size
+            assert all(w != guard for w in buf[:written]) or written == 0, (size, list(buf))
+            assert all(w == guard for w in buf[written:]), (size, "written past the size", list(buf))
+        assert buf[0] == 4096 and buf[5] == 1, list(buf)  # live_bytes, live_blocks
+        buf = (ctypes.c_uint64 * 16)(*([guard] * 16))
+        assert lib.adaptalloc_stats(0, buf) == 0
+        assert buf[0] == 4096 and all(w == guard for w in buf[10:]), list(buf)
+        assert lib.adaptalloc_stats_sized(0, None, 96) == -1
+        lib.adaptalloc_free(p, 4096, 0, None)
+        print("abi ok: sized writes 0, 8 and 12 fields, never past the size; the old call 10")
     elif mode == "devices":
         for device in (0, 1, 2):
             p = lib.adaptalloc_malloc(4096, device, None)
@@ -213,6 +236,23 @@ def run_child(mode, env):
     print(out.stdout.strip())
 
 
+def abi_v1_caller():
+    """A C program built against the first header's ten-field struct (python/abi_v1.c), linked
+    against the library: its memory past the struct is never written."""
+    cc = os.environ.get("CC", "cc")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "abi_v1")
+        built = subprocess.run([cc, os.path.join(ROOT, "python", "abi_v1.c"), "-o", exe,
+                                "-L", os.path.dirname(LIB), "-ladaptalloc", "-Wl,-rpath," + os.path.dirname(LIB)],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            raise SystemExit(f"cannot build python/abi_v1.c with {cc}: {built.stderr}")
+        env = dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB")
+        out = subprocess.run([exe], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
+        print(out.stdout.strip())
+
+
 def header_matches_exports():
     declared = set(re.findall(r"\b(adaptalloc_\w+)\s*\(", open(HEADER).read()))
     nm = subprocess.run(["nm", "-D", "--defined-only", LIB], capture_output=True, text=True, check=True).stdout
@@ -240,6 +280,8 @@ def main():
         assert data["requests"] == 6 and "large-batch training" in data["policy"], data["requests"]
         print("report at exit ok:", report)
     run_child("streams", {"ADAPTALLOC_DEVICE": "sim:512MiB"})
+    run_child("abi", {"ADAPTALLOC_DEVICE": "sim:1GiB"})
+    abi_v1_caller()
     with tempfile.TemporaryDirectory() as tmp:
         policy = os.path.join(tmp, "bad-policy.toml")
         with open(policy, "w") as f:
@@ -273,7 +315,7 @@ def main():
         report = os.path.join(tmp, "fork-report.md")
         run_child("fork", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_REPORT": report})
         assert os.path.exists(report), "the parent writes its report at exit"
-    print("8 passed, 0 failed")
+    print("10 passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -213,10 +213,11 @@ impl TuningReport {
             by_kind: by_kind(&input.device_ops),
         };
         let memory = MemorySummary {
-            peak_live_bytes: st.live_bytes.peak,
-            peak_reserved_bytes: st.reserved_bytes.peak,
-            reserved_over_live: st.reserved_bytes.peak as f64 / st.live_bytes.peak.max(1) as f64,
-            peak_idle_bytes: st.idle_bytes.peak,
+            // Whole-run peaks: peak resets between steps (reset_peak_stats) leave them.
+            peak_live_bytes: st.live_bytes.whole_run_peak(),
+            peak_reserved_bytes: st.reserved_bytes.whole_run_peak(),
+            reserved_over_live: st.reserved_bytes.whole_run_peak() as f64 / st.live_bytes.whole_run_peak().max(1) as f64,
+            peak_idle_bytes: st.idle_bytes.whole_run_peak(),
             headroom_bytes: input.headroom,
         };
         let hit_rates = st

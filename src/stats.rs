@@ -15,6 +15,8 @@ pub struct Counter {
     pub peak: u64,
     /// The sum of all increases.
     pub total: u64,
+    /// The highest `peak` reached before the last peak reset (see [`Counter::whole_run_peak`]).
+    pub run_peak: u64,
 }
 
 impl Counter {
@@ -47,9 +49,17 @@ impl Counter {
         }
     }
 
-    /// Restarts the peak from the current value.
+    /// Restarts the peak from the current value; the whole run's peak is kept apart.
     pub fn reset_peak(&mut self) {
+        self.run_peak = self.run_peak.max(self.peak);
         self.peak = self.current;
+    }
+
+    /// The highest it has been over the whole run, whatever peak resets came between (the
+    /// tuning report's peaks: a user's `reset_peak_stats` between steps must not make the run
+    /// look empty).
+    pub fn whole_run_peak(&self) -> u64 {
+        self.run_peak.max(self.peak)
     }
 }
 
@@ -133,11 +143,12 @@ mod tests {
             Counter {
                 current: 8,
                 peak: 10,
-                total: 12
+                total: 12,
+                run_peak: 0
             }
         );
         c.reset_peak();
-        assert_eq!(c.peak, 8);
+        assert_eq!((c.peak, c.whole_run_peak()), (8, 10));
         c.set(3);
         c.set(9);
         assert_eq!(
@@ -145,8 +156,11 @@ mod tests {
             Counter {
                 current: 9,
                 peak: 9,
-                total: 18
+                total: 18,
+                run_peak: 10
             }
         );
+        c.add(5);
+        assert_eq!(c.whole_run_peak(), 14);
     }
 }

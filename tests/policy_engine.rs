@@ -434,3 +434,34 @@ fn the_report_recommends_whole_slabs_where_pages_bought_nothing() {
         adaptalloc::strategy::SlabBacking::Pages
     );
 }
+
+/// Peaks reset between steps (`reset_peak_stats`) leave the tuning report's whole-run peaks: a
+/// run that reset its peaks after freeing everything once read "peak live / reserved 0B /
+/// 100MiB (104857600.00x)" and was advised to halve slab growth.
+#[test]
+fn the_report_keeps_whole_run_peaks_across_peak_resets() {
+    let dev = Arc::new(SimDevice::new(1 << 30));
+    let alloc = Allocator::adaptive(dev as Arc<dyn Device>);
+    let p = alloc.allocate_raw(100 << 20, 0).unwrap();
+    alloc.deallocate(p, 0).unwrap();
+    alloc.reset_peaks();
+    assert_eq!(alloc.stats().live_bytes.peak, 0, "the user's peak restarts");
+    let r = alloc.report().unwrap();
+    assert_eq!(r.memory.peak_live_bytes, 100 << 20);
+    assert!(r.memory.reserved_over_live < 1.5, "{}", r.memory.reserved_over_live);
+    assert!(!r.to_string().contains("slab growth"), "{r}");
+}
+
+/// A run whose driver time passed passthrough's modelled time says so: "lost", never "saved
+/// 0.0 ms". One 1 GiB request, mapped in 2 MiB pages (512 creates), against one cudaMalloc.
+#[test]
+fn a_loss_against_passthrough_is_printed_as_a_loss() {
+    let dev = Arc::new(SimDevice::new(16 << 30));
+    let alloc = Allocator::adaptive(dev as Arc<dyn Device>);
+    let p = alloc.allocate_raw(1 << 30, 0).unwrap();
+    alloc.deallocate(p, 0).unwrap();
+    let r = alloc.report().unwrap();
+    assert!(r.driver.saved_ns < 0, "{}", r.driver.saved_ns);
+    let text = r.to_string();
+    assert!(text.contains("; lost ") && !text.contains("saved 0.0 ms"), "{text}");
+}

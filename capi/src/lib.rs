@@ -22,7 +22,17 @@ use adaptalloc_core::device::{Device, SimDevice};
 use adaptalloc_core::size::ByteSize;
 use adaptalloc_core::{AllocError, CudaDevice, DevicePtr};
 
-/// Statistics of one device's allocator, as `adaptalloc_stats` fills them.
+/// The C ABI's version (`ADAPTALLOC_ABI_VERSION` in the header): 1, the first ten fields of
+/// [`AdaptallocStats`]; 2, `stream_reclaims` and `stream_waits` added; 3,
+/// `adaptalloc_stats_sized` and `adaptalloc_abi_version`, and `adaptalloc_stats` writing the
+/// first version's fields only.
+pub const ABI_VERSION: u32 = 3;
+
+/// The fields of the first version of [`AdaptallocStats`]: what `adaptalloc_stats` writes, so
+/// that a caller built against any header has room for them.
+const STATS_V1_BYTES: usize = 10 * std::mem::size_of::<u64>();
+
+/// Statistics of one device's allocator, as `adaptalloc_stats_sized` fills them.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct AdaptallocStats {
@@ -284,20 +294,52 @@ pub extern "C" fn adaptalloc_empty_cache() -> u64 {
     }
 }
 
-/// Fills `out` with `device`'s statistics; 0 on success, -1 when `out` is NULL or the device
-/// has no allocator (nothing allocated on it yet).
+/// Fills the first ten fields of `out` (the struct of ABI version 1) with `device`'s
+/// statistics; 0 on success, -1 when `out` is NULL or the device has no allocator (nothing
+/// allocated on it yet). Writes 80 bytes whatever header the caller was built against, so an
+/// old caller's memory is never overwritten; [`adaptalloc_stats_sized`] fills every field.
 ///
 /// # Safety
-/// `out` must be NULL or point to writable memory for one `AdaptallocStats`.
+/// `out` must be NULL or point to writable memory for the first ten fields of an
+/// `AdaptallocStats` (80 bytes).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn adaptalloc_stats(device: c_int, out: *mut AdaptallocStats) -> c_int {
+    // SAFETY: the caller's contract: `out` is NULL or valid for STATS_V1_BYTES bytes.
+    unsafe { write_stats("adaptalloc_stats", device, out.cast(), STATS_V1_BYTES) }
+}
+
+/// Fills `out`, a struct of `out_size` bytes, with `device`'s statistics: the fields that fit
+/// (`min(out_size, sizeof(AdaptallocStats))` bytes, whole fields only), nothing beyond. 0 on
+/// success, -1 when `out` is NULL or the device has no allocator yet.
+///
+/// # Safety
+/// `out` must be NULL or point to `out_size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn adaptalloc_stats_sized(device: c_int, out: *mut AdaptallocStats, out_size: usize) -> c_int {
+    // SAFETY: the caller's contract: `out` is NULL or valid for `out_size` bytes.
+    unsafe { write_stats("adaptalloc_stats_sized", device, out.cast(), out_size) }
+}
+
+/// The C ABI's version ([`ABI_VERSION`]): a caller can check that the library it loaded has the
+/// calls and fields it was built for.
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_abi_version() -> u32 {
+    clear_error();
+    ABI_VERSION
+}
+
+/// Writes the whole fields of `device`'s statistics that fit in `room` bytes at `out`.
+///
+/// # Safety
+/// `out` must be NULL or point to `room` writable bytes.
+unsafe fn write_stats(call: &str, device: c_int, out: *mut u8, room: usize) -> c_int {
     if out.is_null() {
-        set_error("adaptalloc_stats: out is NULL".into());
+        set_error(format!("{call}: out is NULL"));
         return -1;
     }
     let stats = catch_unwind(|| table().get(device).map(Allocator::stats));
     let Ok(Some(s)) = stats else {
-        set_error(format!("adaptalloc_stats: {}", no_allocator(device)));
+        set_error(format!("{call}: {}", no_allocator(device)));
         return -1;
     };
     let c = AdaptallocStats {
@@ -314,8 +356,11 @@ pub unsafe extern "C" fn adaptalloc_stats(device: c_int, out: *mut AdaptallocSta
         stream_reclaims: s.stream_reclaims,
         stream_waits: s.stream_waits,
     };
-    // SAFETY: `out` is non-null and, by this function's contract, valid for one write.
-    unsafe { out.write(c) };
+    let field = std::mem::size_of::<u64>();
+    let n = room.min(std::mem::size_of::<AdaptallocStats>()) / field * field;
+    // SAFETY: `c` is a live local of at least `n` bytes; `out` is non-null and, by the
+    // caller's contract, valid for `room >= n` bytes; the two cannot overlap (one is a local).
+    unsafe { std::ptr::copy_nonoverlapping((&raw const c).cast::<u8>(), out, n) };
     clear_error();
     0
 }

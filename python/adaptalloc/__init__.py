@@ -44,13 +44,14 @@ _STAT_FIELDS = (
     "stream_waits",
 )
 
-# The names PyTorch's torch.cuda.memory_stats() uses where the meaning is the same.
+# The names PyTorch's torch.cuda.memory_stats() uses where the meaning is the same. (Idle bytes
+# are not PyTorch's inactive_split_bytes, which counts memory that cannot be released: most of
+# ours can, and empty_cache() gives it back.)
 _TORCH_NAMES = {
     "live_bytes": "allocated_bytes.all.current",
     "peak_live_bytes": "allocated_bytes.all.peak",
     "reserved_bytes": "reserved_bytes.all.current",
     "peak_reserved_bytes": "reserved_bytes.all.peak",
-    "idle_bytes": "inactive_split_bytes.all.current",
     "live_blocks": "active.all.current",
     "driver_allocs": "num_device_alloc",
     "driver_frees": "num_device_free",
@@ -75,8 +76,8 @@ def _c():
     global _lib
     if _lib is None:
         lib = ctypes.CDLL(library_path())
-        lib.adaptalloc_stats.restype = ctypes.c_int
-        lib.adaptalloc_stats.argtypes = [ctypes.c_int, ctypes.POINTER(_Stats)]
+        lib.adaptalloc_stats_sized.restype = ctypes.c_int
+        lib.adaptalloc_stats_sized.argtypes = [ctypes.c_int, ctypes.POINTER(_Stats), ctypes.c_size_t]
         lib.adaptalloc_reset_peak_stats.restype = ctypes.c_int
         lib.adaptalloc_reset_peak_stats.argtypes = [ctypes.c_int]
         lib.adaptalloc_empty_cache.restype = ctypes.c_uint64
@@ -128,7 +129,7 @@ def memory_stats(device=0):
     was allocated on ``device`` yet."""
     device = _device(device)
     s = _Stats()
-    _check(_c().adaptalloc_stats(device, ctypes.byref(s)), "memory_stats(device=%d)" % device)
+    _check(_c().adaptalloc_stats_sized(device, ctypes.byref(s), ctypes.sizeof(s)), "memory_stats(device=%d)" % device)
     out = {name: getattr(s, name) for name in _STAT_FIELDS}
     for ours, theirs in _TORCH_NAMES.items():
         out[theirs] = out[ours]
