@@ -216,7 +216,8 @@ impl TuningReport {
             // Whole-run peaks: peak resets between steps (reset_peak_stats) leave them.
             peak_live_bytes: st.live_bytes.whole_run_peak(),
             peak_reserved_bytes: st.reserved_bytes.whole_run_peak(),
-            reserved_over_live: st.reserved_bytes.whole_run_peak() as f64 / st.live_bytes.whole_run_peak().max(1) as f64,
+            reserved_over_live: st.reserved_bytes.whole_run_peak() as f64
+                / st.live_bytes.whole_run_peak().max(1) as f64,
             peak_idle_bytes: st.idle_bytes.whole_run_peak(),
             headroom_bytes: input.headroom,
         };
