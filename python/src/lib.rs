@@ -105,8 +105,18 @@ fn report_markdown(
     Ok(run.report.to_string())
 }
 
+/// Checks a policy (a preset name or a file) as the allocator will read it: a ValueError that
+/// names the preset, or the file, line and key, before anything is swapped.
+#[pyfunction]
+fn check_policy(policy: &str) -> PyResult<()> {
+    adaptalloc_core::policy::Policy::load(policy)
+        .map(|_| ())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(check_policy, m)?)?;
     m.add_function(wrap_pyfunction!(compare_json, m)?)?;
     m.add_function(wrap_pyfunction!(report_markdown, m)?)?;
     Ok(())

@@ -169,6 +169,41 @@ def test_a_pickle_whose_shared_references_explode_is_one_clear_error():
         adaptalloc.analyze_snapshot(deep)
 
 
+FAKE_TORCH = r"""
+import sys, types
+calls = []
+torch = types.ModuleType("torch")
+torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
+    CUDAPluggableAllocator=lambda path, malloc, free: (path, malloc, free),
+    change_current_allocator=lambda a: calls.append(a)))
+sys.modules["torch"] = torch
+import adaptalloc, adaptalloc.torch as at
+for bad, word in ((dict(policy="trainig"), "presets"), (dict(report="rep.pdf"), ".md, .toml or .json")):
+    try:
+        at.install(**bad)
+        raise SystemExit("accepted %r" % bad)
+    except ValueError as e:
+        assert word in str(e), e
+assert calls == [], "nothing swapped on a bad policy or report name"
+at.install(policy="training")
+at.install(policy="training")  # a re-run notebook cell: nothing happens
+assert calls == [(adaptalloc.library_path(), "adaptalloc_malloc", "adaptalloc_free")], calls
+try:
+    at.install(policy="default")
+    raise SystemExit("a second install with other arguments was accepted")
+except RuntimeError as e:
+    assert "already ran with policy='training'" in str(e), e
+print("install ok")
+"""
+
+
+def test_install_checks_its_arguments_first_and_runs_once():
+    # A stand-in torch module with the two calls install() makes (the real wheel is 5 GB).
+    out = subprocess.run([sys.executable, "-c", FAKE_TORCH], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB"))
+    assert out.returncode == 0 and "install ok" in out.stdout, out.stdout + out.stderr
+
+
 def test_importing_the_package_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", "import sys, adaptalloc, adaptalloc.torch; print('torch' in sys.modules)"],
                          capture_output=True, text=True, timeout=60)
