@@ -5,13 +5,15 @@
 //!
 //! Run through `scripts/benchmarks.sh`, which runs the benches first.
 
+#[path = "common/workloads.rs"]
+mod workloads;
+
 use std::collections::BTreeMap;
 use std::path::Path;
+use workloads::traces;
 
 use adaptalloc::size::ByteSize;
 use adaptalloc_cli::compare::{Capacity, CompareOptions, Contender, compare, min_capacity};
-use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc_cli::trace::{Trace, csv_files, read_csv};
 
 /// Mean ns of every criterion benchmark under target/criterion/GROUP/NAME[/PARAM].
 fn criterion_means(root: &Path) -> BTreeMap<String, f64> {
@@ -32,18 +34,6 @@ fn criterion_means(root: &Path) -> BTreeMap<String, f64> {
                 }
             }
         }
-    }
-    out
-}
-
-fn traces() -> Vec<Trace> {
-    let mut out = Vec::new();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    let files = csv_files(&dir).unwrap_or_default();
-    out.extend(files.iter().map(|f| read_csv(f, false).expect("trace parses")));
-    for (name, _) in BUNDLED {
-        let spec = WorkloadSpec::bundled(name).unwrap();
-        out.push(spec.generate(spec.seed));
     }
     out
 }

@@ -9,32 +9,21 @@
 //!
 //! `cargo run --release --example peers_md > tuning/reports/peers.md` (about a minute here).
 
+#[path = "common/workloads.rs"]
+mod workloads;
+
 use std::path::Path;
+use workloads::traces;
 
 use adaptalloc::device::{CostModel, Granularity};
 use adaptalloc::size::{ByteSize, round_up};
 use adaptalloc_cli::compare::{
     Capacity, CompareOptions, Contender, StrategyResult, min_capacity, passthrough_min_capacity, run_one,
 };
-use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc_cli::trace::{Trace, csv_files, read_csv};
+use adaptalloc_cli::trace::Trace;
 
 /// A device size for a trace.
 type CapacityOf<'a> = Box<dyn Fn(&Trace) -> u64 + 'a>;
-
-fn traces() -> Vec<Trace> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    let mut out: Vec<Trace> = csv_files(&dir)
-        .unwrap_or_default()
-        .iter()
-        .map(|f| read_csv(f, false).expect("trace parses"))
-        .collect();
-    for (name, _) in BUNDLED {
-        let spec = WorkloadSpec::bundled(name).expect("bundled");
-        out.push(spec.generate(spec.seed));
-    }
-    out
-}
 
 /// Where adaptive fell short of a peer at one capacity: how often, and the worst case.
 #[derive(Default)]

@@ -10,27 +10,16 @@
 //! `cargo run --release --example steady_eval > tuning/reports/steady.md` (about 20 s here);
 //! `-- --policy FILE` evaluates another policy as adaptive's.
 
+#[path = "common/workloads.rs"]
+mod workloads;
+
 use std::path::Path;
+use workloads::traces;
 
 use adaptalloc::device::{CostModel, Granularity};
 use adaptalloc::size::round_up;
 use adaptalloc_cli::compare::{Capacity, CompareOptions, Contender, StrategyResult, passthrough_min_capacity, run_one};
-use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc_cli::trace::{Trace, csv_files, read_csv};
-
-fn traces() -> Vec<Trace> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    let mut out: Vec<Trace> = csv_files(&dir)
-        .unwrap_or_default()
-        .iter()
-        .map(|f| read_csv(f, false).expect("trace parses"))
-        .collect();
-    for (name, _) in BUNDLED {
-        let spec = WorkloadSpec::bundled(name).expect("bundled");
-        out.push(spec.generate(spec.seed));
-    }
-    out
-}
+use adaptalloc_cli::trace::Trace;
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
