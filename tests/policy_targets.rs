@@ -13,7 +13,7 @@ use adaptalloc_cli::trace::Trace;
 /// driver call priced. (These targets once counted calls, and a map of many 2 MiB handles
 /// counted as one: the first pass's page creates went unseen. The first pass is reported by
 /// `examples/steady_eval.rs` and tuning/reports/peers.md, not asserted here.)
-fn calls(r: &StrategyResult) -> u64 {
+fn steady_ns(r: &StrategyResult) -> u64 {
     r.steady_pass_ns.expect("replayed with repeat 4")
 }
 
@@ -30,13 +30,14 @@ fn two_x_live(t: &Trace) -> u64 {
     (t.peak_live_bytes() as f64 * 2.0) as u64 + (64 << 20)
 }
 
-/// Asserts that `ours` made at most 1/`parts` of passthrough's driver calls on `name`.
+/// Asserts that a pass of `ours` in the steady state took at most 1/`parts` of passthrough's
+/// modelled driver time on `name`.
 fn assert_share_of_passthrough(name: &str, ours: &StrategyResult, pass: &StrategyResult, parts: u64) {
     assert!(
-        calls(ours) * parts <= calls(pass).max(1),
+        steady_ns(ours) * parts <= steady_ns(pass).max(1),
         "{name}: {} vs passthrough {}",
-        calls(ours),
-        calls(pass)
+        steady_ns(ours),
+        steady_ns(pass)
     );
 }
 
@@ -159,16 +160,16 @@ fn with_room_to_spare_the_steady_state_costs_little() {
             .iter()
             .map(|&c| run_one(&t, c, cap, &opts))
             .filter(|r| r.completed)
-            .map(|r| calls(&r))
+            .map(|r| steady_ns(&r))
             .min()
             .unwrap();
         let ours = run_one(&t, Contender::Adaptive, cap, &opts);
         eprintln!(
             "{:30} 2x: adaptive {:6} ns a pass = {:5.1}% of passthrough, {:.2}x best fixed ({best}); reserved {:.3}x live",
             t.name,
-            calls(&ours),
-            100.0 * calls(&ours) as f64 / calls(&pass) as f64,
-            calls(&ours) as f64 / best as f64,
+            steady_ns(&ours),
+            100.0 * steady_ns(&ours) as f64 / steady_ns(&pass) as f64,
+            steady_ns(&ours) as f64 / best as f64,
             ours.peak_reserved_bytes as f64 / t.peak_live_bytes() as f64
         );
         assert!(ours.completed, "{}", t.name);
@@ -188,8 +189,8 @@ fn gains_survive_a_tight_device() {
         eprintln!(
             "{:30} 1.1x min: adaptive {:6} ns a pass = {:5.1}% of passthrough, failed {}",
             t.name,
-            calls(&ours),
-            100.0 * calls(&ours) as f64 / calls(&pass) as f64,
+            steady_ns(&ours),
+            100.0 * steady_ns(&ours) as f64 / steady_ns(&pass) as f64,
             ours.failed_allocs
         );
         // Zero failures at 1.1x are asserted in the test above. The steady state at 1.1x is
@@ -197,12 +198,12 @@ fn gains_survive_a_tight_device() {
         // pass are created again at its peak (up to 126% of passthrough's time a pass, on
         // gpu-medium-ctx1024-infer). Reported, not asserted, until that is fixed.
         assert!(ours.completed, "{}", t.name);
-        if is_training(&t) && calls(&ours) * 4 > calls(&pass) {
+        if is_training(&t) && steady_ns(&ours) * 4 > steady_ns(&pass) {
             common::known_gap(&format!(
                 "{} at 1.1x passthrough's minimum: steady state {:.1} ms a pass, {:.0}% of passthrough's (target 25%)",
                 t.name,
-                calls(&ours) as f64 / 1e6,
-                100.0 * calls(&ours) as f64 / calls(&pass).max(1) as f64
+                steady_ns(&ours) as f64 / 1e6,
+                100.0 * steady_ns(&ours) as f64 / steady_ns(&pass).max(1) as f64
             ));
         }
     }
@@ -225,8 +226,8 @@ fn warm_serving_keeps_what_each_request_frees() {
         common::figure(&format!(
             "{} x4 at 2x live: {} ns a pass in the steady state = {:.2}% of passthrough's",
             t.name,
-            calls(&ours),
-            100.0 * calls(&ours) as f64 / calls(&pass) as f64
+            steady_ns(&ours),
+            100.0 * steady_ns(&ours) as f64 / steady_ns(&pass) as f64
         ));
         assert_eq!(ours.failed_allocs, 0, "{}", t.name);
         assert_share_of_passthrough(&t.name, &ours, &pass, 50);

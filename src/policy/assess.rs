@@ -278,6 +278,8 @@ mod tests {
             (p.on_free_idle, p.idle_target, p.reason),
             (hold, hold - 9 * GIB, OVER_PEAK)
         );
+        assert!(!p.tight && !p.pressure && !p.unmap_pages && !p.segregate);
+        assert_eq!((p.slab_limit, p.growth), (38 * GIB, 1.0));
     }
 
     /// Idle memory up to the cycle's peak is kept whatever max_idle says: a sample at the low
@@ -307,8 +309,6 @@ mod tests {
         (s.idle, s.reserved_peak) = (8 * GIB, 6 * GIB);
         let p = assess(&s, &l, Prior::default());
         assert_eq!((p.idle_target, p.reason), (4 * GIB, OVER_CYCLE));
-        assert!(!p.tight && !p.pressure && !p.unmap_pages && !p.segregate);
-        assert_eq!((p.slab_limit, p.growth), (38 * GIB, 1.0));
     }
 
     /// The rules one at a time: each row changes the sample or the limits and names what the

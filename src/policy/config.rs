@@ -262,9 +262,10 @@ pub struct SuballocPolicy {
     /// pages no live block touches when memory runs short (free space inside slabs is then
     /// never stranded).
     pub page_release: bool,
-    /// How new slabs are backed where `page_release` is on: `auto` (the default: one handle per
-    /// slab while the strand budget has room for the whole slab, pages otherwise), `pages` (one physical handle per
-    /// device page: free memory inside slabs in use goes back a page at a time), `large-handles`
+    /// How new slabs are backed where `page_release` is on: `pages` (the default: one physical
+    /// handle per device page: free memory inside slabs in use goes back a page at a time),
+    /// `auto` (one handle for the slab where the strand budget left covers it, handles of up to
+    /// 64 MiB while free memory stays above `bounds.tight_below`, pages otherwise), `large-handles`
     /// (an eighth of the slab per handle: an eighth of the mapping calls, released an eighth of
     /// the slab at a time) or `whole` (one driver allocation per slab, released only empty).
     /// Only pages keep the promise down to passthrough's exact minimum; the others are for a

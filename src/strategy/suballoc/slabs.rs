@@ -4,8 +4,7 @@
 use super::{NIL, Node, PageMap, Slab, SlabBacking, Suballoc, USED};
 use crate::device::Device;
 use crate::error::DeviceError;
-use crate::size::MIB;
-use crate::size::{ALIGNMENT, round_up};
+use crate::size::{ALIGNMENT, MIB, round_up};
 
 /// The largest handle of a slab backed under `SlabBacking::Auto` outside the strand budget:
 /// 64 MiB costs about three 2 MiB handles to create (cost model: 608 us at 128 MiB against
