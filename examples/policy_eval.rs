@@ -4,29 +4,23 @@
 //! Markdown on standard output, modelled driver time first:
 //! `cargo run --release --example policy_eval [POLICY.toml] > tuning/reports/policy-eval.md`
 
+#[path = "common/workloads.rs"]
+mod workloads;
+
 use std::sync::Arc;
 
 use adaptalloc::Allocator;
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
 use adaptalloc_cli::compare::{CompareOptions, Contender, passthrough_min_capacity, run_one};
-use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc_cli::trace::{Trace, csv_files, read_csv, replay};
+use adaptalloc_cli::trace::{Trace, replay};
 
 fn main() -> anyhow::Result<()> {
     let policy = match std::env::args().nth(1) {
         Some(p) => Policy::from_file(std::path::Path::new(&p))?,
         None => Policy::default(),
     };
-    let mut traces = Vec::new();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    for f in csv_files(&dir).unwrap_or_default() {
-        traces.push(read_csv(&f, false)?);
-    }
-    for (name, _) in BUNDLED {
-        let spec = WorkloadSpec::bundled(name).unwrap();
-        traces.push(spec.generate(spec.seed));
-    }
+    let traces = workloads::traces();
     let opts = CompareOptions::default();
     println!("# The default policy against fixed strategies on every trace\n");
     println!(

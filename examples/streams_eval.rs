@@ -8,31 +8,21 @@
 //!
 //! `cargo run --release --example streams_eval`
 
+#[path = "common/workloads.rs"]
+mod workloads;
+
 use std::sync::Arc;
 
 use adaptalloc::Allocator;
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc_cli::compare::passthrough_min_capacity;
-use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
-use adaptalloc_cli::trace::{Trace, csv_files, read_csv, replay};
+use adaptalloc_cli::trace::{Trace, replay};
 
 /// Shares of the blocks moved to stream 1.
 const SHARES: [f64; 3] = [0.0, 0.1, 0.5];
 
 fn main() -> anyhow::Result<()> {
-    let mut traces = Vec::new();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    if let Ok(files) = csv_files(&dir) {
-        for f in files {
-            traces.push(read_csv(&f, false)?);
-        }
-    } else {
-        eprintln!("../shared/traces is absent: the bundled workloads only");
-    }
-    for (name, _) in BUNDLED {
-        let spec = WorkloadSpec::bundled(name).expect("a bundled workload");
-        traces.push(spec.generate(spec.seed));
-    }
+    let traces = workloads::traces();
     println!(
         "| trace | capacity | lag | {} |",
         SHARES.map(|s| format!("{:.0}% on stream 1", s * 100.0)).join(" | ")
