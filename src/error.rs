@@ -23,6 +23,21 @@ pub enum DeviceError {
         total: ByteSize,
     },
 
+    /// The allocator's cap on the memory it may hold ([`set_memory_cap`](crate::Allocator::set_memory_cap),
+    /// PyTorch's `set_per_process_memory_fraction`) would be passed.
+    #[error(
+        "the allocator's memory cap would be passed: asked for {requested} more, it holds {held} \
+         of a cap of {cap} (set_per_process_memory_fraction); raise the fraction or free memory"
+    )]
+    OverCap {
+        /// The bytes asked for.
+        requested: ByteSize,
+        /// The bytes the allocator holds.
+        held: ByteSize,
+        /// The cap.
+        cap: ByteSize,
+    },
+
     /// A fault injected by a test (SimDevice), reported like a driver out-of-memory.
     #[error("injected driver failure on driver allocation #{nth} (asked for {requested}); this is a test fault")]
     InjectedFault {
@@ -48,6 +63,16 @@ pub enum DeviceError {
         code: String,
     },
 
+    /// A wait on a stream being captured into a CUDA graph, which would break the capture.
+    #[error(
+        "stream {stream:#x} is being captured into a CUDA graph: the allocator neither queries nor \
+         waits on it until the capture ends"
+    )]
+    StreamCapturing {
+        /// The stream (its `cudaStream_t` value).
+        stream: u64,
+    },
+
     /// The device was asked to free a pointer it did not hand out.
     #[error("device pointer {ptr:#x} was not allocated by this device (or was freed already)")]
     UnknownPointer {
@@ -61,7 +86,7 @@ impl DeviceError {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(
             self,
-            DeviceError::OutOfMemory { .. } | DeviceError::InjectedFault { .. }
+            DeviceError::OutOfMemory { .. } | DeviceError::InjectedFault { .. } | DeviceError::OverCap { .. }
         )
     }
 }
@@ -109,6 +134,38 @@ pub enum AllocError {
         /// The device's refusal. Shown in the message, and not a `source()`: an error chain
         /// printed cause by cause would show it twice.
         cause: DeviceError,
+    },
+
+    /// Transient: the device is full while a private pool is being allocated to (a CUDA graph
+    /// capture or a MemPool), when the allocator gives nothing back and waits on no stream.
+    #[error(
+        "out of memory while private pool(s) {pools} are being allocated to (a CUDA graph capture \
+         or a MemPool): asked for {requested}; this allocator holds {reserved}, the device has \
+         {device_free} free. Nothing was given back and no stream was waited on, since either \
+         could break a capture under way: free cached memory (empty_cache) before the capture, \
+         or capture less. Cause: {cause}"
+    )]
+    OutOfMemoryInPoolWindow {
+        /// The bytes asked for.
+        requested: ByteSize,
+        /// The pools being allocated to, as `(a, b)` ids.
+        pools: String,
+        /// What this allocator holds from the device.
+        reserved: ByteSize,
+        /// The device's free memory.
+        device_free: ByteSize,
+        /// The device's refusal.
+        cause: DeviceError,
+    },
+
+    /// A pool call naming a pool the allocator does not have (or, for `end_pool`, one with no
+    /// window open).
+    #[error("{call}: no private pool ({}, {}) {}", pool.0, pool.1, if *call == "end_pool" { "is being allocated to (end_pool without begin_pool)" } else { "exists (never begun, or released and its memory given back)" })]
+    UnknownPool {
+        /// The pool's id.
+        pool: (u64, u64),
+        /// The call: `end_pool` or `release_pool`.
+        call: &'static str,
     },
 
     /// A free (or a stream call) of a pointer this allocator does not hold.
@@ -160,7 +217,10 @@ pub enum AllocError {
 impl AllocError {
     /// True when retrying later may succeed (the device is full now, not forever).
     pub fn is_transient(&self) -> bool {
-        matches!(self, AllocError::OutOfMemory { .. })
+        matches!(
+            self,
+            AllocError::OutOfMemory { .. } | AllocError::OutOfMemoryInPoolWindow { .. }
+        )
     }
 }
 

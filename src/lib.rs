@@ -54,7 +54,7 @@ pub mod size;
 pub mod stats;
 pub mod strategy;
 
-pub use allocator::{Allocation, Allocator, AllocatorConfig, StrategyConfig};
+pub use allocator::{Allocation, Allocator, AllocatorConfig, PoolId, StrategyConfig, StreamFilter};
 pub use device::{CudaDevice, Device, DevicePtr, SimDevice};
 pub use error::{AllocError, ConfigError, DeviceError};
 pub use stats::{Counter, Stats};

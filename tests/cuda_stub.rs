@@ -611,3 +611,98 @@ fn reclaim_race_child() {
     }
     println!("reclaim race checks passed");
 }
+
+/// CUDA graph capture (issue 25): CudaDevice asks `cuStreamIsCapturing` before it queries,
+/// waits on or records an event on a stream, and the allocator, with a pool window open, gives
+/// nothing back. The stub refuses (and counts) every call that would break a capture.
+#[test]
+fn nothing_breaks_a_capture_under_way() {
+    if is_child("nothing_breaks_a_capture_under_way") {
+        return capture_child();
+    }
+    in_child_on_stub("nothing_breaks_a_capture_under_way", &[], "capture checks passed");
+}
+
+fn capture_child() {
+    use adaptalloc::StrategyKind;
+    const S: u64 = 0x5000; // captured
+    const A: u64 = 0xA000;
+    let hooks = stub_hooks();
+    // The device alone: a capturing stream reads as not done, gets no event, and a wait on it
+    // is refused, while the stub counts no violation.
+    let dev = Arc::new(CudaDevice::new(0).unwrap());
+    (hooks.begin_capture)(S as usize);
+    let events = (hooks.live_events)();
+    dev.stream_checkpoint(S, 5);
+    assert_eq!(
+        (hooks.live_events)(),
+        events,
+        "no checkpoint event on a capturing stream"
+    );
+    assert!(!dev.stream_done(S, 0, 10));
+    assert!(matches!(
+        dev.stream_wait(S, 0),
+        Err(DeviceError::StreamCapturing { stream: S })
+    ));
+    assert_eq!((hooks.capture_violations)(), 0);
+    (hooks.end_capture)(S as usize);
+    assert!(dev.stream_done(S, 0, 10), "the stream is idle once the capture ended");
+
+    for kind in [StrategyKind::Caching, StrategyKind::Suballoc, StrategyKind::Passthrough] {
+        let alloc = Allocator::with_strategy(dev.clone() as Arc<dyn Device>, kind);
+        // Before: memory freed on S and on A with work queued; a block of A's recorded on S.
+        let on_s: Vec<u64> = (0..4).map(|_| alloc.allocate_raw(4 << 20, S).unwrap()).collect();
+        (hooks.stream_work)(S as usize, 1);
+        for p in on_s {
+            alloc.deallocate(p, S).unwrap();
+        }
+        let shared = alloc.allocate_raw(1 << 20, A).unwrap();
+        alloc.record_stream(shared, S).unwrap();
+        let keep = alloc.allocate_raw(8 << 20, A).unwrap();
+        // The capture, as PyTorch's CUDAGraph runs it: capture begins, then the pool's window.
+        (hooks.begin_capture)(S as usize);
+        alloc.begin_pool((1, 0), Box::new(|s| s == S));
+        let in_pool: Vec<u64> = (0..6).map(|i| alloc.allocate_raw((i + 1) << 20, S).unwrap()).collect();
+        for &p in &in_pool[..3] {
+            alloc.deallocate(p, S).unwrap();
+        }
+        alloc.deallocate(shared, A).unwrap(); // waits for S: deferred, S not asked
+        alloc.deallocate(keep, A).unwrap(); // held until the window closes
+        let other = alloc.allocate_raw(2 << 20, A).unwrap();
+        alloc.deallocate(other, A).unwrap();
+        assert_eq!(
+            alloc.release_idle(),
+            0,
+            "{kind:?}: empty_cache gives nothing back in a capture"
+        );
+        let err = alloc.allocate_raw(CAPACITY - (1 << 20), A).unwrap_err();
+        assert!(
+            matches!(err, AllocError::OutOfMemoryInPoolWindow { .. }),
+            "{kind:?}: {err}"
+        );
+        assert_eq!(
+            (hooks.capture_violations)(),
+            0,
+            "{kind:?}: nothing refused during the capture"
+        );
+        (hooks.end_capture)(S as usize);
+        alloc.end_pool((1, 0)).unwrap();
+        (hooks.stream_finish)(S as usize, 1);
+        for &p in &in_pool[3..] {
+            alloc.deallocate(p, S).unwrap();
+        }
+        alloc.release_pool((1, 0)).unwrap();
+        alloc.synchronize_stream(S);
+        alloc.release_idle();
+        let s = alloc.stats();
+        assert_eq!(
+            (s.live_bytes.current, s.reserved_bytes.current),
+            (0, 0),
+            "{kind:?}: {s:#?}"
+        );
+        drop(alloc);
+        assert_eq!(dev.mem_info().unwrap().free, CAPACITY, "{kind:?}: every byte back");
+    }
+    assert_eq!((hooks.capture_violations)(), 0);
+    println!("capture checks passed");
+}

@@ -2,15 +2,19 @@
 //! live pointers to their owners, and recovers from out-of-memory by releasing idle memory.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
+mod allocation;
 mod ladder;
+mod pools;
 mod recovery;
 mod streams;
 
+pub use allocation::Allocation;
 use ladder::Ladder;
+pub use pools::{PoolId, StreamFilter};
 
 use crate::device::{Device, DevicePtr, Metered};
 use crate::error::AllocError;
@@ -89,6 +93,8 @@ struct Live {
     bucket: u8,
     /// Other streams use it ([`Allocator::record_stream`]): its free waits for them.
     recorded: bool,
+    /// Its private pool's slot + 1 (pools.rs); 0 for none.
+    pool: u16,
     meta: BlockMeta,
 }
 
@@ -108,6 +114,8 @@ struct State {
     /// Streams recorded on live blocks, and freed blocks waiting for them (streams.rs).
     recorded: crate::hash::FastMap<DevicePtr, std::collections::HashSet<StreamId, crate::hash::FastBuild>>,
     deferred: std::collections::VecDeque<streams::Deferred>,
+    /// Private pools (CUDA graph capture), and blocks held while one is allocated to.
+    pools: pools::Pools,
     /// Free device memory is under the policy's low watermark: place compactly.
     pressure: bool,
     /// Free device memory is under the policy's headroom: keep no releasable idle memory.
@@ -126,7 +134,8 @@ impl State {
     #[inline]
     fn maybe_tick(&mut self, dev: &dyn Device) {
         if let Some(e) = self.engine.as_deref_mut() {
-            if e.due(self.op) {
+            // No tick in a pool window: it could give memory back during a capture.
+            if e.due(self.op) && !self.pools.in_window() {
                 e.tick(
                     &mut self.strategies,
                     dev,
@@ -145,6 +154,9 @@ impl State {
     /// memory appears under the headroom); updates the pressure flags.
     #[cold]
     fn resample(&mut self, dev: &dyn Device) {
+        if self.pools.in_window() {
+            return;
+        }
         if let Some(e) = self.engine.as_deref_mut() {
             e.resample(&mut self.strategies, dev, &mut self.routes, self.op);
             self.pressure = e.in_pressure();
@@ -158,8 +170,9 @@ impl State {
         for (seen, s) in self.seen.iter_mut().zip(&self.strategies) {
             *seen = s.held_bytes();
         }
-        let reserved = self.seen.iter().map(|s| s.0).sum();
-        let idle = self.seen.iter().map(|s| s.1).sum();
+        let (pool_reserved, pool_idle) = self.pools.held_bytes();
+        let reserved = pool_reserved + self.seen.iter().map(|s| s.0).sum::<u64>();
+        let idle = pool_idle + self.seen.iter().map(|s| s.1).sum::<u64>();
         self.stats.reserved_bytes.set(reserved);
         self.stats.idle_bytes.set(idle);
     }
@@ -179,6 +192,9 @@ impl State {
     }
 
     fn release_idle(&mut self, dev: &dyn Device) -> u64 {
+        if self.pools.in_window() {
+            return 0; // nothing goes back while a capture may be under way (pools.rs)
+        }
         // Cached blocks first (cheap to re-create), then empty slabs.
         let mut order: Vec<usize> = (0..self.strategies.len()).collect();
         order.sort_by_key(|&i| match self.strategies[i].kind() {
@@ -234,11 +250,7 @@ impl Allocator {
         };
         Allocator {
             shared: Arc::new(Shared {
-                device: Metered {
-                    inner: device,
-                    allocs: AtomicU64::new(0),
-                    frees: AtomicU64::new(0),
-                },
+                device: Metered::new(device),
                 capacity,
                 release_on_oom,
                 state: Mutex::new(State {
@@ -255,6 +267,7 @@ impl Allocator {
                     freed_on: streams::FreedOn::default(),
                     recorded: Default::default(),
                     deferred: Default::default(),
+                    pools: Default::default(),
                     pressure: false,
                     below_headroom: false,
                 }),
@@ -348,13 +361,7 @@ impl Allocator {
     /// Allocates `bytes` on `stream`, returning an RAII handle that frees on drop.
     pub fn allocate(&self, bytes: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         let ptr = self.allocate_raw(bytes, stream)?;
-        Ok(Allocation {
-            ptr,
-            bytes,
-            stream,
-            owned: true,
-            shared: Arc::clone(&self.shared),
-        })
+        Ok(Allocation::new(ptr, bytes, stream, Arc::clone(&self.shared)))
     }
 
     /// Allocates `bytes` on `stream`; the caller frees with [`deallocate`](Allocator::deallocate).
@@ -410,6 +417,34 @@ impl Allocator {
         st.stats.idle_bytes.reset_peak();
     }
 
+    /// Opens a window in which requests on streams `filter` accepts are served from private
+    /// pool `id` (made on first use), as PyTorch's `beginAllocateToPool` at the start of a CUDA
+    /// graph capture: see allocator/pools.rs for what the allocator holds back meanwhile.
+    pub fn begin_pool(&self, id: PoolId, filter: StreamFilter) {
+        self.shared.state.lock().begin_pool(id, filter);
+    }
+
+    /// Closes pool `id`'s latest window (PyTorch's `endAllocateToPool`). Errors:
+    /// [`AllocError::UnknownPool`] when no window of it is open.
+    pub fn end_pool(&self, id: PoolId) -> Result<(), AllocError> {
+        self.shared.state.lock().end_pool(&self.shared.device, id)
+    }
+
+    /// Pool `id` is no longer needed (PyTorch's `releasePool`, when the graph is destroyed):
+    /// its memory goes back to the device once its last block is freed. Errors:
+    /// [`AllocError::UnknownPool`].
+    pub fn release_pool(&self, id: PoolId) -> Result<(), AllocError> {
+        self.shared.state.lock().release_pool(&self.shared.device, id)
+    }
+
+    /// Caps the bytes this allocator may hold from the device (None: no cap), as PyTorch's
+    /// `set_per_process_memory_fraction`: a request that would take it past the cap releases
+    /// idle memory and retries, then fails as out-of-memory. Free memory as the policy sees it
+    /// is what the cap leaves.
+    pub fn set_memory_cap(&self, cap: Option<u64>) {
+        self.shared.device.set_cap(cap);
+    }
+
     /// The strategies in use, in routing order.
     pub fn strategies(&self) -> Vec<StrategyKind> {
         self.shared.state.lock().strategies.iter().map(Strategy::kind).collect()
@@ -446,6 +481,11 @@ impl Shared {
         if !st.deferred.is_empty() {
             st.release_deferred(&self.device, false);
         }
+        if st.pools.in_window()
+            && let Some(slot) = st.pools.route(stream)
+        {
+            return self.allocate_in_pool(&mut st, slot, bucket, aligned, bytes, stream);
+        }
         let si = st.routes[bucket] as usize;
         // The strategy serves it. Fast path: a waiting cached block of the routed class. Cost:
         // one bin lookup, two list unlinks, a live-table insert and a few counter adds (~700
@@ -460,7 +500,7 @@ impl Shared {
                     st.strategy_stats[si].hits += 1;
                     st.seen[si].1 -= grant.block_bytes;
                     st.stats.idle_bytes.sub(grant.block_bytes);
-                    Self::record_live(&mut st, grant, si, bucket, bytes, stream);
+                    Self::record_live(&mut st, grant, si, bucket, bytes, stream, 0);
                     st.maybe_tick(&self.device);
                     return Ok(grant.ptr);
                 }
@@ -486,7 +526,7 @@ impl Shared {
         } else {
             ss.misses += 1;
         }
-        Self::record_live(&mut st, grant, si, bucket, bytes, stream);
+        Self::record_live(&mut st, grant, si, bucket, bytes, stream, 0);
         if !grant.hit {
             if let Some(e) = st.engine.as_deref_mut() {
                 e.on_miss(bucket);
@@ -505,7 +545,7 @@ impl Shared {
     /// Records a granted block as live: the live table, the engine's class statistics and the
     /// live counters (every allocation, fast path or not).
     #[inline(always)]
-    fn record_live(st: &mut State, grant: Grant, si: usize, bucket: usize, bytes: u64, stream: StreamId) {
+    fn record_live(st: &mut State, grant: Grant, si: usize, bucket: usize, bytes: u64, stream: StreamId, pool: u16) {
         let op = st.op;
         st.live.insert(
             grant.ptr,
@@ -517,6 +557,7 @@ impl Shared {
                 strategy: si as u8,
                 bucket: bucket as u8,
                 recorded: false,
+                pool,
                 meta: grant.meta,
             },
         );
@@ -556,6 +597,9 @@ impl Shared {
     }
 
     pub(super) fn release_block(st: &mut State, dev: &dyn Device, ptr: DevicePtr, live: Live) {
+        if live.pool != 0 || st.pools.in_window() {
+            return Self::release_in_pools(st, dev, ptr, live);
+        }
         let op = st.op;
         let si = live.strategy as usize;
         if !st.freed_on.note_same(live.stream, op) {
@@ -611,85 +655,5 @@ impl Shared {
             decisions: e.journal.decisions.clone(),
             timeline: e.journal.timeline.clone(),
         }))
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        if let Some(path) = self.report_path.get_mut().take() {
-            match self.report() {
-                Some(report) => {
-                    if let Err(e) = report.write_to(&path) {
-                        tracing::error!(path = %path.display(), error = %e, "cannot write the tuning report");
-                    }
-                }
-                None => tracing::warn!("ADAPTALLOC_REPORT is set but this allocator has no policy engine"),
-            }
-        }
-        let st = self.state.get_mut();
-        let leaked: Vec<(DevicePtr, Live)> = st.live.drain();
-        if !leaked.is_empty() {
-            let bytes: u64 = leaked.iter().map(|(_, l)| l.requested).sum();
-            tracing::warn!(
-                blocks = leaked.len(),
-                bytes,
-                "allocator dropped with raw allocations live; freeing them"
-            );
-        }
-        for (ptr, live) in leaked {
-            Self::release_block(st, &self.device, ptr, live);
-        }
-        // Freed blocks still waiting for other streams: the allocator is going away, so their
-        // streams' work is the caller's to have finished.
-        for d in std::mem::take(&mut st.deferred) {
-            Self::release_block(st, &self.device, d.ptr, d.live);
-        }
-        st.release_idle(&self.device);
-        debug_assert_eq!(st.stats.reserved_bytes.current, 0, "every byte returned on drop");
-    }
-}
-
-/// An allocation that frees itself when dropped. It keeps its allocator alive.
-#[derive(Debug)]
-pub struct Allocation {
-    ptr: DevicePtr,
-    bytes: u64,
-    stream: StreamId,
-    /// False after `into_raw`: the caller frees the pointer.
-    owned: bool,
-    shared: Arc<Shared>,
-}
-
-impl Allocation {
-    /// The device address (256-byte aligned).
-    pub fn ptr(&self) -> DevicePtr {
-        self.ptr
-    }
-    /// The bytes asked for (the block may be larger).
-    pub fn len(&self) -> u64 {
-        self.bytes
-    }
-    /// Always false: zero-size allocations are refused.
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
-    }
-    /// The stream the block was allocated on (and must be freed on).
-    pub fn stream(&self) -> StreamId {
-        self.stream
-    }
-    /// Gives up ownership: the caller must free the pointer with [`Allocator::deallocate`].
-    pub fn into_raw(mut self) -> DevicePtr {
-        self.owned = false;
-        self.ptr
-    }
-}
-
-impl Drop for Allocation {
-    fn drop(&mut self) {
-        if !self.owned {
-            return;
-        }
-        let r = self.shared.deallocate(self.ptr, self.stream);
-        debug_assert!(r.is_ok(), "an Allocation's pointer is always live: {r:?}");
     }
 }

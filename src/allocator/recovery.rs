@@ -40,6 +40,10 @@ impl Shared {
             st.stats.failed_allocs += 1;
             return Err(AllocError::Device(err));
         }
+        if st.pools.in_window() {
+            // No release and no wait while a capture may be under way (pools.rs).
+            return Err(self.fail_in_window(st, bytes, err));
+        }
         let last =
             match Ladder::new(st, &self.device, si, aligned, stream).after_out_of_memory(self.release_on_oom, err) {
                 Ok(found) => {

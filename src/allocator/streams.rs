@@ -194,6 +194,7 @@ impl State {
         for s in &mut self.strategies {
             s.synchronize_stream(stream);
         }
+        self.pools.synchronize_stream(stream);
         self.freed_on.forget(stream);
         if !self.deferred.is_empty() {
             for d in &mut self.deferred {

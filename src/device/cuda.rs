@@ -187,6 +187,7 @@ impl CudaDevice {
 impl Device for CudaDevice {
     fn allocate(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
         let _current = self.make_current()?;
+        let _relaxed = super::cuda_streams::RelaxedCapture::new();
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` is a live local; the context is current on this thread.
         let result = self.timed(

@@ -7,6 +7,11 @@
 //! free's point, not until all the work queued since. Without a checkpoint that covers the
 //! free, the whole stream is asked (`cuStreamQuery`, `cuStreamSynchronize`).
 //!
+//! A stream being captured into a CUDA graph is never queried, synchronized or given an event
+//! (each would break the capture): `cuStreamIsCapturing` is asked first, and such a stream reads
+//! as not done, gets no checkpoint, and a wait on it is refused
+//! ([`DeviceError::StreamCapturing`]).
+//!
 //! One event per stream with a checkpoint, re-recorded at the next one; destroyed once seen
 //! complete or waited on, and the complete ones swept whenever [`SWEEP_AT`] are held, so the
 //! table stays bounded by the streams with work still in flight.
@@ -36,6 +41,17 @@ fn handle(stream: StreamId) -> sys::CUstream {
 }
 
 impl CudaDevice {
+    /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`: a host-side
+    /// query that neither syncs nor breaks a capture). A driver error reads as not capturing,
+    /// so the call that follows reports it.
+    fn capturing(&self, stream: StreamId) -> bool {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `status` is a live local out-pointer; the stream is one the caller allocated
+        // or freed on (as for cuStreamQuery); the driver only reads it.
+        let r = unsafe { sys::cuStreamIsCapturing(handle(stream), &mut status) };
+        r == sys::CUresult::CUDA_SUCCESS && status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    }
+
     /// [`Device::stream_checkpoint`](super::Device::stream_checkpoint): records (or re-records)
     /// the stream's event. A driver error is logged and leaves the stream without a checkpoint
     /// (it is then asked as a whole).
@@ -43,6 +59,9 @@ impl CudaDevice {
         let Ok(_current) = self.make_current() else {
             return;
         };
+        if self.capturing(stream) {
+            return; // an event recorded now would be a node of the graph, not a checkpoint
+        }
         let mut cps = self.checkpoints.lock();
         if cps.len() >= SWEEP_AT && !cps.contains_key(&stream) {
             cps.retain(|_, cp| {
@@ -90,6 +109,9 @@ impl CudaDevice {
         let Ok(_current) = self.make_current() else {
             return false;
         };
+        if self.capturing(stream) {
+            return false;
+        }
         let mut cps = self.checkpoints.lock();
         if let Some(cp) = cps.get(&stream).copied().filter(|cp| cp.op >= freed_at) {
             // SAFETY: an event of this context, kept in the table until destroyed on removal.
@@ -121,6 +143,9 @@ impl CudaDevice {
     /// `cuStreamSynchronize`. Timed as `stream_sync`.
     pub(super) fn wait_until(&self, stream: StreamId, freed_at: u64) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
+        if self.capturing(stream) {
+            return Err(DeviceError::StreamCapturing { stream });
+        }
         let mut cps = self.checkpoints.lock();
         if let Some(cp) = cps.get(&stream).copied().filter(|cp| cp.op >= freed_at) {
             // SAFETY: an event of this context, kept in the table until destroyed on removal.
@@ -148,6 +173,33 @@ impl CudaDevice {
         for (_, cp) in self.checkpoints.lock().drain() {
             destroy(cp.event);
         }
+    }
+}
+
+/// While alive, this thread's stream capture mode is relaxed (the old mode comes back on drop),
+/// so that a driver allocation made while a CUDA graph is being captured is allowed, as
+/// PyTorch's own allocator does (in the default global mode the driver refuses it and the
+/// capture breaks). Memory so allocated is never given back during the capture (pools.rs).
+/// Cost: two host-side driver calls around a driver allocation.
+pub(super) struct RelaxedCapture(sys::CUstreamCaptureMode);
+
+impl RelaxedCapture {
+    pub(super) fn new() -> Self {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a live local the driver reads and overwrites with the old mode.
+        let r = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // Nothing was exchanged: restore the usual default on drop.
+            mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+        }
+        RelaxedCapture(mode)
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`; puts back the mode this thread had.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
     }
 }
 

@@ -131,6 +131,7 @@ impl CudaDevice {
     /// when the handles are new.
     fn map_range(&self, ptr: DevicePtr, src: Option<DevicePtr>, bytes: u64, handle: u64) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
+        let _relaxed = super::cuda_streams::RelaxedCapture::new();
         let mut done = 0;
         let mut result = Ok(());
         while done < bytes {

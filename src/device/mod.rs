@@ -19,6 +19,7 @@ mod cuda_streams;
 mod metered;
 mod ops;
 mod sim;
+mod sim_capture;
 
 pub use cost::{CostCurve, CostModel, VmmCosts};
 pub use cuda::CudaDevice;

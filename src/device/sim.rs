@@ -138,6 +138,8 @@ pub struct SimDevice {
     stream_lag: u64,
     /// Calls of [`VirtualMemory::quiesce`].
     quiesces: std::sync::atomic::AtomicU64,
+    /// Streams being captured into a CUDA graph (sim_capture.rs).
+    pub(super) captures: super::sim_capture::Captures,
     state: Mutex<State>,
 }
 
@@ -224,6 +226,7 @@ impl SimDeviceBuilder {
             vmm: self.vmm,
             stream_lag: self.stream_lag,
             quiesces: std::sync::atomic::AtomicU64::new(0),
+            captures: Default::default(),
         }
     }
 }
@@ -395,6 +398,7 @@ impl Device for SimDevice {
     }
 
     fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        self.captures.check("free");
         let mut s = self.state.lock();
         let Some((bytes, consumed)) = s.live.remove(&ptr) else {
             return Err(DeviceError::UnknownPointer { ptr });
@@ -443,12 +447,14 @@ impl Device for SimDevice {
         if self.vmm { Some(self) } else { None }
     }
 
-    fn stream_done(&self, _stream: crate::strategy::StreamId, freed_at: u64, now: u64) -> bool {
-        now.saturating_sub(freed_at) >= self.stream_lag
+    /// A capturing stream is "not done", as CudaDevice answers after `cuStreamIsCapturing`.
+    fn stream_done(&self, stream: crate::strategy::StreamId, freed_at: u64, now: u64) -> bool {
+        now.saturating_sub(freed_at) >= self.stream_lag && !self.captures.capturing(stream)
     }
 
     /// Charged at the cost model's price (nothing runs on the simulated device to wait for).
     fn stream_wait(&self, _stream: crate::strategy::StreamId, _freed_at: u64) -> Result<(), DeviceError> {
+        self.captures.check("stream_wait");
         let mut s = self.state.lock();
         s.stats.ops.stream_sync.charge(1, self.cost.stream_sync_ns);
         Ok(())
@@ -532,6 +538,7 @@ impl VirtualMemory for SimDevice {
     }
 
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.captures.check("unmap");
         self.drop_mappings(ptr, bytes, false)
     }
 
@@ -566,12 +573,14 @@ impl VirtualMemory for SimDevice {
     }
 
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.captures.check("unmap_alias");
         self.drop_mappings(ptr, bytes, true)
     }
 
     /// Counted and charged (no work runs on the simulated device; the cost model prices the
     /// wait a real one would make).
     fn quiesce(&self) -> Result<(), DeviceError> {
+        self.captures.check("quiesce");
         self.quiesces.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut s = self.state.lock();
         s.stats.ops.unmap_sync.charge(1, self.cost.vmm.unmap_sync_ns);

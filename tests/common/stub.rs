@@ -67,6 +67,12 @@ pub struct StubHooks {
     pub stream_completed: extern "C" fn(usize) -> u64,
     /// Queues a kernel using a range on a stream; returns its place in the stream's queue.
     pub stream_kernel: extern "C" fn(usize, u64, usize) -> u64,
+    /// Marks a stream as being captured into a CUDA graph, and ends it.
+    pub begin_capture: extern "C" fn(usize),
+    pub end_capture: extern "C" fn(usize),
+    /// Calls refused because a capture was under way (a query, sync or event on a capturing
+    /// stream; a cuMemFree or cuCtxSynchronize during any capture).
+    pub capture_violations: extern "C" fn() -> i32,
 }
 
 pub fn stub_hooks() -> StubHooks {
@@ -104,6 +110,9 @@ pub fn stub_hooks() -> StubHooks {
             live_events: sym(lib, c"stub_live_events"),
             stream_completed: sym(lib, c"stub_stream_completed"),
             stream_kernel: sym(lib, c"stub_stream_kernel"),
+            begin_capture: sym(lib, c"stub_begin_capture"),
+            end_capture: sym(lib, c"stub_end_capture"),
+            capture_violations: sym(lib, c"stub_capture_violations"),
         }
     }
 }

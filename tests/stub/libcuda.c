@@ -90,8 +90,53 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     return SUCCESS;
 }
 
+typedef void *CUstream;
+/* CUDA graph capture: stub_begin_capture(s) marks stream s as being captured until
+ * stub_end_capture(s), and cuStreamIsCapturing answers. As the driver in the default (global)
+ * capture mode, a query of or synchronization on a capturing stream, an event recorded there
+ * (legal in a capture, but a graph node then, not a point the allocator may ask about), and a
+ * cuMemFree or cuCtxSynchronize while any stream captures fail with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and count in stub_capture_violations. */
+enum { MAX_CAPTURES = 8, CAPTURE_UNSUPPORTED = 900 };
+static CUstream captures[MAX_CAPTURES];
+static int capture_count, capture_violations;
+void stub_begin_capture(CUstream s) { if (capture_count < MAX_CAPTURES) captures[capture_count++] = s; }
+void stub_end_capture(CUstream s) {
+    for (int i = 0; i < capture_count; i++)
+        if (captures[i] == s) { captures[i] = captures[--capture_count]; return; }
+}
+int stub_capture_violations(void) { return capture_violations; }
+static int is_capturing(CUstream s) {
+    for (int i = 0; i < capture_count; i++)
+        if (captures[i] == s) return 1;
+    return 0;
+}
+/* A call refused on a capturing stream (s), or (s == ANY_STREAM) while any capture is under way. */
+#define ANY_STREAM ((CUstream)~0UL)
+static int refused_in_capture(CUstream s) {
+    if (s == ANY_STREAM ? capture_count > 0 : is_capturing(s)) { capture_violations++; return 1; }
+    return 0;
+}
+/* The thread's capture mode (cuThreadExchangeStreamCaptureMode): 0 global (the default),
+ * 1 thread-local, 2 relaxed. Outside relaxed mode, a cuMemAlloc, cuMemCreate or cuMemMap while
+ * a capture is under way is refused and counted too (PyTorch relaxes the mode around them). */
+static __thread int capture_mode;
+CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    if (!mode || *mode < 0 || *mode > 2) return INVALID_VALUE;
+    int old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+    return SUCCESS;
+}
+static int allocation_refused_in_capture(void) { return capture_mode != 2 && refused_in_capture(ANY_STREAM); }
+CUresult cuStreamIsCapturing(CUstream stream, int *status) {
+    if (!status) return INVALID_VALUE;
+    *status = is_capturing(stream); /* CU_STREAM_CAPTURE_STATUS_NONE 0, _ACTIVE 1 */
+    return SUCCESS;
+}
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     if (size == 0) return INVALID_VALUE;
+    if (allocation_refused_in_capture()) return CAPTURE_UNSUPPORTED;
     if (current_device() < 0) return INVALID_CONTEXT;
     if (size > cap() - used) return OUT_OF_MEMORY;
     for (int i = 0; i < MAX_BLOCKS; i++) {
@@ -108,7 +153,6 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     }
     return OUT_OF_MEMORY;
 }
-
 static void synchronize_device(void);
 /* cuMemFree synchronizes the device, as cudaFree does: queued work is done once it returns. */
 static CUresult free_block(CUdeviceptr ptr, int sync) {
@@ -124,11 +168,13 @@ static CUresult free_block(CUdeviceptr ptr, int sync) {
     }
     return INVALID_VALUE;
 }
-CUresult cuMemFree_v2(CUdeviceptr ptr) { return free_block(ptr, 1); }
+CUresult cuMemFree_v2(CUdeviceptr ptr) {
+    if (refused_in_capture(ANY_STREAM)) return CAPTURE_UNSUPPORTED;
+    return free_block(ptr, 1);
+}
 
 /* The stream-ordered pool: allocations as above (no caching), the pool's high watermark kept. */
 typedef void *CUmemoryPool;
-typedef void *CUstream;
 static int pool_token;
 static size_t pool_high;
 enum { ATTR_RELEASE_THRESHOLD = 4, ATTR_RESERVED_MEM_HIGH = 6 };
@@ -183,6 +229,7 @@ unsigned long stub_stream_completed(CUstream s) { int i = stream_slot(s); return
 int stub_stream_syncs(void) { return stream_syncs; }
 int stub_event_syncs(void) { return event_syncs; }
 CUresult cuStreamSynchronize(CUstream stream) {
+    if (refused_in_capture(stream)) return CAPTURE_UNSUPPORTED;
     int i = stream_slot(stream);
     if (i >= 0) streams[i].done = streams[i].queued;
     stream_syncs++;
@@ -190,6 +237,7 @@ CUresult cuStreamSynchronize(CUstream stream) {
     return SUCCESS;
 }
 CUresult cuStreamQuery(CUstream stream) {
+    if (refused_in_capture(stream)) return CAPTURE_UNSUPPORTED;
     int i = stream_slot(stream);
     return i < 0 || streams[i].done == streams[i].queued ? SUCCESS : NOT_READY;
 }
@@ -209,6 +257,7 @@ CUresult cuEventCreate(CUevent *ev, unsigned flags) {
 CUresult cuEventDestroy_v2(CUevent ev) { if (!ev) return INVALID_VALUE; free(ev); live_events--; return SUCCESS; }
 CUresult cuEventRecord(CUevent ev, CUstream stream) {
     if (!ev) return INVALID_VALUE;
+    if (refused_in_capture(stream)) return CAPTURE_UNSUPPORTED;
     int i = stream_slot(stream);
     ev->s = stream;
     ev->target = i < 0 ? 0 : streams[i].queued;
@@ -276,6 +325,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const void *prop, unsigned long long flags) {
     (void)prop; (void)flags;
     if (size == 0 || size % STUB_PAGE) return INVALID_VALUE;
+    if (allocation_refused_in_capture()) return CAPTURE_UNSUPPORTED;
     if (size > cap() - used) return OUT_OF_MEMORY;
     for (int i = 1; i < MAX_HANDLES; i++) {
         if (!handles[i].live) {
@@ -298,6 +348,7 @@ static void settle(int i) {
 }
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags) {
     (void)flags;
+    if (allocation_refused_in_capture()) return CAPTURE_UNSUPPORTED;
     int slot;
     if (h == 0 || h >= MAX_HANDLES || !handles[h].live || handles[h].refs == 0) return INVALID_VALUE;
     if (offset != 0 || size != handles[h].size || ptr % STUB_PAGE || handles[h].maps == MAX_MAPS) return INVALID_VALUE;
@@ -372,7 +423,11 @@ static void synchronize_device(void) {
     kernel_count = 0;
     for (int i = 0; i < stream_count; i++) streams[i].done = streams[i].queued;
 }
-CUresult cuCtxSynchronize(void) { synchronize_device(); return SUCCESS; }
+CUresult cuCtxSynchronize(void) {
+    if (refused_in_capture(ANY_STREAM)) return CAPTURE_UNSUPPORTED;
+    synchronize_device();
+    return SUCCESS;
+}
 static int work_touches(CUdeviceptr ptr, size_t size) {
     for (int w = 0; w < queued; w++)
         if (work[w].ptr < ptr + size && ptr < work[w].ptr + work[w].size) return 1;
