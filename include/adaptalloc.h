@@ -28,8 +28,9 @@ typedef void *adaptalloc_stream_t;
 
 /* The ABI version: 1, the first ten fields of AdaptallocStats; 2, stream_reclaims and
  * stream_waits added; 3, adaptalloc_stats_sized and adaptalloc_abi_version added, and
- * adaptalloc_stats writing the version-1 fields only. */
-#define ADAPTALLOC_ABI_VERSION 3
+ * adaptalloc_stats writing the version-1 fields only; 4, PyTorch's other hooks
+ * (adaptalloc_torch_hook and the calls below it) and private pools. */
+#define ADAPTALLOC_ABI_VERSION 4
 
 /* Statistics of one device's allocator. Fields are only ever added at the end; the version each
  * came in is marked. Fill it with adaptalloc_stats_sized(device, &s, sizeof s). */
@@ -88,6 +89,52 @@ int adaptalloc_record_stream(void *ptr, int device, adaptalloc_stream_t stream);
 
 /* Restarts device's peak statistics from their current values. 0, or -1 as above. */
 int adaptalloc_reset_peak_stats(int device);
+
+/* Private pools (CUDA graph capture, torch.cuda.MemPool). Since version 4. */
+
+/* A stream filter: nonzero when stream allocates to the pool. */
+typedef int (*adaptalloc_stream_filter)(void *ctx, adaptalloc_stream_t stream);
+
+/* Opens a window in which device's requests on streams filter takes (every stream when filter
+ * is NULL) come from private pool (id0, id1), made on first use: its blocks are never handed out
+ * outside it. Until the window ends the allocator gives no memory back to the driver and waits
+ * on no stream (either could break a capture); a request that would need that fails, saying so.
+ * Takes ownership of ctx: drop(ctx), if drop is not NULL, is called once, when the window ends
+ * or before returning -1. filter must not call adaptalloc. 0, or -1. */
+int adaptalloc_begin_pool(int device, uint64_t id0, uint64_t id1, adaptalloc_stream_filter filter,
+                          void *ctx, void (*drop)(void *ctx));
+
+/* Ends pool (id0, id1)'s latest window on device (call it after the capture ends): blocks freed
+ * meanwhile go back. 0, or -1 (no such window). */
+int adaptalloc_end_pool(int device, uint64_t id0, uint64_t id1);
+
+/* Pool (id0, id1) is no longer needed: its memory goes back once its last block is freed. 0, or
+ * -1 (no such pool). */
+int adaptalloc_release_pool(int device, uint64_t id0, uint64_t id1);
+
+/* PyTorch's CUDAPluggableAllocator hooks. Since version 4. */
+
+/* The address to give PyTorch's setter for hook name: "malloc", "free", "reset"
+ * (set_reset_fn), "record_stream", "memory_fraction", "init", "begin_allocate_to_pool",
+ * "end_allocate_to_pool", "release_pool". Each has the signature PyTorch casts it to; the three
+ * pool hooks are C++ functions taking c10::cuda::MempoolId_t and std::function by value
+ * (capi/src/torch_hooks.cpp). NULL for another name. */
+void *adaptalloc_torch_hook(const char *name);
+
+/* reset: torch.cuda.empty_cache() gives every device's idle memory back. */
+void adaptalloc_torch_empty_cache(void);
+
+/* record_stream, with PyTorch's two arguments: as adaptalloc_record_stream on the device whose
+ * allocator holds ptr. Errors go to adaptalloc_last_error(). */
+void adaptalloc_torch_record_stream(void *ptr, adaptalloc_stream_t stream);
+
+/* memory_fraction (set_per_process_memory_fraction): caps what device's allocator may hold at
+ * fraction (0 < fraction <= 1) of the device's memory; a request past the cap releases idle
+ * memory and retries, then fails as out-of-memory. */
+void adaptalloc_set_memory_fraction(double fraction, int device);
+
+/* init, when CUDA initializes: checks ADAPTALLOC_POLICY now (printing a broken one once). */
+void adaptalloc_torch_init(int device_count);
 
 /* The last error on this thread ("" when none: every successful call clears it); valid until
  * the next adaptalloc call. */

@@ -170,8 +170,8 @@ def child(mode):
     elif mode == "abi":
         # Version 3: every field with the size given, nothing past it; the 2-argument call the
         # ten fields of version 1 only, whatever header the caller was built against.
-        assert lib.adaptalloc_abi_version() == 3
-        assert int(re.search(r"#define ADAPTALLOC_ABI_VERSION (\d+)", open(HEADER).read()).group(1)) == 3
+        assert lib.adaptalloc_abi_version() == 4
+        assert int(re.search(r"#define ADAPTALLOC_ABI_VERSION (\d+)", open(HEADER).read()).group(1)) == 4
         p = lib.adaptalloc_malloc(4096, 0, None)
         guard = 0xABABABABABABABAB
         for size, written in ((96, 12), (64, 8), (7, 0), (1000, 12)):
@@ -253,6 +253,24 @@ def abi_v1_caller():
         print(out.stdout.strip())
 
 
+def torch_hooks_caller():
+    """PyTorch's hooks called through the function types PyTorch casts them to, from C++
+    (python/torch_hooks.cpp): std::function wrappers, MempoolId_t and a std::function filter by
+    value into the pool hooks (capi/src/torch_hooks.cpp)."""
+    cxx = os.environ.get("CXX", "c++")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "torch_hooks")
+        built = subprocess.run([cxx, "-std=c++17", "-Wall", os.path.join(ROOT, "python", "torch_hooks.cpp"), "-o", exe,
+                                "-L", os.path.dirname(LIB), "-ladaptalloc", "-Wl,-rpath," + os.path.dirname(LIB)],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            raise SystemExit(f"cannot build python/torch_hooks.cpp with {cxx}: {built.stderr}")
+        env = dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB")
+        out = subprocess.run([exe], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
+        print(out.stdout.strip())
+
+
 def header_matches_exports():
     declared = set(re.findall(r"\b(adaptalloc_\w+)\s*\(", open(HEADER).read()))
     nm = subprocess.run(["nm", "-D", "--defined-only", LIB], capture_output=True, text=True, check=True).stdout
@@ -282,6 +300,7 @@ def main():
     run_child("streams", {"ADAPTALLOC_DEVICE": "sim:512MiB"})
     run_child("abi", {"ADAPTALLOC_DEVICE": "sim:1GiB"})
     abi_v1_caller()
+    torch_hooks_caller()
     with tempfile.TemporaryDirectory() as tmp:
         policy = os.path.join(tmp, "bad-policy.toml")
         with open(policy, "w") as f:

@@ -25,8 +25,9 @@ use adaptalloc_core::{AllocError, CudaDevice, DevicePtr};
 /// The C ABI's version (`ADAPTALLOC_ABI_VERSION` in the header): 1, the first ten fields of
 /// [`AdaptallocStats`]; 2, `stream_reclaims` and `stream_waits` added; 3,
 /// `adaptalloc_stats_sized` and `adaptalloc_abi_version`, and `adaptalloc_stats` writing the
-/// first version's fields only.
-pub const ABI_VERSION: u32 = 3;
+/// first version's fields only; 4, PyTorch's other hooks (`adaptalloc_torch_hook` and the calls
+/// it names) and private pools.
+pub const ABI_VERSION: u32 = 4;
 
 /// The fields of the first version of [`AdaptallocStats`]: what `adaptalloc_stats` writes, so
 /// that a caller built against any header has room for them.
@@ -421,4 +422,221 @@ pub extern "C" fn adaptalloc_reset_peak_stats(device: c_int) -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn adaptalloc_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+// PyTorch's hooks beyond malloc and free (CUDAPluggableAllocator's setters), each with the
+// signature PyTorch casts the address to; `adaptalloc_torch_hook` gives their addresses.
+
+/// PyTorch's reset hook, `void()`: `torch.cuda.empty_cache()` gives every device's idle memory
+/// back (as [`adaptalloc_empty_cache`], whose byte count PyTorch has no use for).
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_torch_empty_cache() {
+    adaptalloc_empty_cache();
+}
+
+/// PyTorch's record_stream hook, `void(void*, cudaStream_t)`: as [`adaptalloc_record_stream`],
+/// on the device whose allocator holds `ptr` (PyTorch passes no device).
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_torch_record_stream(ptr: *mut c_void, stream: *mut c_void) {
+    let (addr, s) = (ptr as usize as DevicePtr, stream as usize as u64);
+    let found = catch_unwind(|| {
+        table()
+            .all()
+            .find_map(|(d, a)| a.record_stream(addr, s).ok().map(|()| d))
+    });
+    match found {
+        Ok(Some(_)) => clear_error(),
+        Ok(None) => set_error(format!(
+            "adaptalloc_torch_record_stream({addr:#x}): not a live allocation of any device's allocator"
+        )),
+        Err(_) => set_error("adaptalloc_torch_record_stream: internal panic (a bug; please report it)".into()),
+    }
+}
+
+/// PyTorch's memory fraction hook, `void(double, int)` (`set_per_process_memory_fraction`):
+/// caps what `device`'s allocator may hold at `fraction` of the device's memory; a request past
+/// the cap releases idle memory and retries, then fails as out-of-memory. 0 < fraction <= 1.
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_set_memory_fraction(fraction: f64, device: c_int) {
+    let call = format!("adaptalloc_set_memory_fraction({fraction}, device {device})");
+    if !(fraction.is_finite() && fraction > 0.0 && fraction <= 1.0) {
+        set_error(format!("{call}: the fraction must be more than 0 and at most 1"));
+        return;
+    }
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let alloc = allocator(device)?;
+        let total = alloc.device().mem_info().map_err(|e| e.to_string())?.total;
+        alloc.set_memory_cap(Some((total as f64 * fraction) as u64));
+        Ok::<(), String>(())
+    }));
+    match result {
+        Ok(Ok(())) => clear_error(),
+        Ok(Err(message)) => set_error(format!("{call}: {message}")),
+        Err(_) => set_error(format!("{call}: internal panic (a bug; please report it)")),
+    }
+}
+
+/// Devices PyTorch reported at initialization (its init hook); -1 before.
+static DEVICE_COUNT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// PyTorch's init hook, `void(int)`, called when CUDA initializes with the number of devices:
+/// checks `ADAPTALLOC_POLICY` now, so that a broken policy is printed (file, line and key) when
+/// CUDA starts rather than at the first allocation, and keeps the count for errors.
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_torch_init(device_count: c_int) {
+    DEVICE_COUNT.store(device_count, Ordering::Relaxed);
+    match catch_unwind(adaptalloc_core::policy::Policy::from_env) {
+        Ok(Ok(_)) => clear_error(),
+        Ok(Err(e)) => {
+            if !CONFIG_ERROR_PRINTED.swap(true, Ordering::Relaxed) {
+                eprintln!("adaptalloc: cannot build an allocator from the environment: {e}");
+            }
+            set_error(format!("adaptalloc_torch_init({device_count}): {e}"));
+        }
+        Err(_) => set_error("adaptalloc_torch_init: internal panic (a bug; please report it)".into()),
+    }
+}
+
+/// A stream filter passed through the C ABI: `filter(ctx, stream)` nonzero takes the stream;
+/// `drop(ctx)`, if given, is called once when the filter is done with.
+struct CFilter {
+    filter: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+    ctx: *mut c_void,
+    drop: Option<unsafe extern "C" fn(*mut c_void)>,
+}
+
+// SAFETY: `adaptalloc_begin_pool`'s contract: `filter` and `drop` may be called with `ctx` from
+// any thread (the allocator's lock keeps the calls apart).
+unsafe impl Send for CFilter {}
+
+impl CFilter {
+    fn accepts(&self, stream: u64) -> bool {
+        // SAFETY: the caller's contract for `filter` and `ctx` (alive until `self` drops).
+        unsafe { (self.filter)(self.ctx, stream as usize as *mut c_void) != 0 }
+    }
+}
+
+impl Drop for CFilter {
+    fn drop(&mut self) {
+        if let Some(drop) = self.drop {
+            // SAFETY: the caller's contract: `drop(ctx)` once, after the last call of `filter`.
+            unsafe { drop(self.ctx) };
+        }
+    }
+}
+
+/// Opens a window in which `device`'s requests on streams `filter` takes come from private pool
+/// `(id0, id1)` (made on first use): PyTorch's beginAllocateToPool, at the start of a CUDA graph
+/// capture or a `torch.cuda.use_mem_pool` block. Until the window ends, the allocator gives no
+/// memory back and waits on no stream. A NULL `filter` takes every stream. 0, or -1 with the
+/// reason in `adaptalloc_last_error()`. Takes ownership of `ctx`: `drop(ctx)` is called once,
+/// when the window ends, or before returning -1.
+///
+/// # Safety
+/// `filter` (if not NULL) and `drop` (if not NULL) must be safe to call with `ctx` from any
+/// thread until `drop` is called; `filter` must not call adaptalloc.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn adaptalloc_begin_pool(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    filter: Option<unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int>,
+    ctx: *mut c_void,
+    drop: Option<unsafe extern "C" fn(*mut c_void)>,
+) -> c_int {
+    let held = filter.map(|filter| CFilter { filter, ctx, drop });
+    if held.is_none()
+        && let Some(drop) = drop
+    {
+        // SAFETY: the caller's contract; there is no filter to call, so this is the last use.
+        unsafe { drop(ctx) };
+    }
+    let call = format!("adaptalloc_begin_pool(device {device}, pool ({id0}, {id1}))");
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let alloc = allocator(device)?;
+        let filter: adaptalloc_core::StreamFilter = match held {
+            Some(f) => Box::new(move |s| f.accepts(s)),
+            None => Box::new(|_| true),
+        };
+        alloc.begin_pool((id0, id1), filter);
+        Ok::<(), String>(())
+    }));
+    match result {
+        Ok(Ok(())) => {
+            clear_error();
+            0
+        }
+        Ok(Err(message)) => {
+            set_error(format!("{call}: {message}"));
+            -1
+        }
+        Err(_) => {
+            set_error(format!("{call}: internal panic (a bug; please report it)"));
+            -1
+        }
+    }
+}
+
+/// Ends pool `(id0, id1)`'s latest window on `device` (PyTorch's endAllocateToPool, after the
+/// capture ends). 0, or -1 (no such window; the reason in `adaptalloc_last_error()`).
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_end_pool(device: c_int, id0: u64, id1: u64) -> c_int {
+    let call = format!("adaptalloc_end_pool(device {device}, pool ({id0}, {id1}))");
+    with_allocator(&call, device, |a| a.end_pool((id0, id1)))
+}
+
+/// Pool `(id0, id1)` on `device` is no longer needed (PyTorch's releasePool, when the graph or
+/// MemPool is destroyed): its memory goes back to the device once its last block is freed. 0,
+/// or -1 (no such pool).
+#[unsafe(no_mangle)]
+pub extern "C" fn adaptalloc_release_pool(device: c_int, id0: u64, id1: u64) -> c_int {
+    let call = format!("adaptalloc_release_pool(device {device}, pool ({id0}, {id1}))");
+    with_allocator(&call, device, |a| a.release_pool((id0, id1)))
+}
+
+unsafe extern "C" {
+    /// capi/src/torch_hooks.cpp: the address of PyTorch's pool hook `which` (0 begin, 1 end,
+    /// 2 release), C++ functions taking `MempoolId_t` and `std::function` as PyTorch passes them.
+    fn adaptalloc_shim_pool_hook(which: c_int) -> *mut c_void;
+}
+
+/// The address of the function to give PyTorch's `CUDAPluggableAllocator` for hook `name`
+/// (NUL-terminated): `malloc`, `free`, `reset` (`set_reset_fn`), `record_stream`,
+/// `memory_fraction`, `init`, `begin_allocate_to_pool`, `end_allocate_to_pool`,
+/// `release_pool`; NULL for any other name (the reason in `adaptalloc_last_error()`).
+///
+/// # Safety
+/// `name` must be NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn adaptalloc_torch_hook(name: *const c_char) -> *mut c_void {
+    if name.is_null() {
+        set_error("adaptalloc_torch_hook: name is NULL".into());
+        return std::ptr::null_mut();
+    }
+    // SAFETY: the caller's contract: a NUL-terminated string.
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+    let pool = |which| {
+        // SAFETY: a plain C function of the shim, valid for 0..=2.
+        unsafe { adaptalloc_shim_pool_hook(which) }
+    };
+    let address = match &*name {
+        "malloc" => adaptalloc_malloc as *mut c_void,
+        "free" => adaptalloc_free as *mut c_void,
+        "reset" => adaptalloc_torch_empty_cache as *mut c_void,
+        "record_stream" => adaptalloc_torch_record_stream as *mut c_void,
+        "memory_fraction" => adaptalloc_set_memory_fraction as *mut c_void,
+        "init" => adaptalloc_torch_init as *mut c_void,
+        "begin_allocate_to_pool" => pool(0),
+        "end_allocate_to_pool" => pool(1),
+        "release_pool" => pool(2),
+        other => {
+            set_error(format!(
+                "adaptalloc_torch_hook({other:?}): no such hook; the hooks are malloc, free, reset, \
+                 record_stream, memory_fraction, init, begin_allocate_to_pool, end_allocate_to_pool, release_pool"
+            ));
+            return std::ptr::null_mut();
+        }
+    };
+    clear_error();
+    address
 }
