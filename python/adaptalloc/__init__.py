@@ -20,6 +20,7 @@ from . import _native
 
 __all__ = [
     "library_path",
+    "current_device",
     "memory_stats",
     "reset_peak_stats",
     "empty_cache",
@@ -43,21 +44,6 @@ _STAT_FIELDS = (
     "stream_reclaims",
     "stream_waits",
 )
-
-# The names PyTorch's torch.cuda.memory_stats() uses where the meaning is the same. (Idle bytes
-# are not PyTorch's inactive_split_bytes, which counts memory that cannot be released: most of
-# ours can, and empty_cache() gives it back.)
-_TORCH_NAMES = {
-    "live_bytes": "allocated_bytes.all.current",
-    "peak_live_bytes": "allocated_bytes.all.peak",
-    "reserved_bytes": "reserved_bytes.all.current",
-    "peak_reserved_bytes": "reserved_bytes.all.peak",
-    "live_blocks": "active.all.current",
-    "driver_allocs": "num_device_alloc",
-    "driver_frees": "num_device_free",
-    "oom_recoveries": "num_alloc_retries",
-}
-
 
 class _Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in _STAT_FIELDS]
@@ -123,22 +109,47 @@ def _check(rc, what):
         raise RuntimeError("adaptalloc: %s failed: %s" % (what, last_error() or "no allocator on that device yet"))
 
 
-def memory_stats(device=0):
-    """The allocator's statistics on ``device``, a dict: adaptalloc's names, plus PyTorch's
-    ``torch.cuda.memory_stats()`` names where the meaning is the same. RuntimeError when nothing
-    was allocated on ``device`` yet."""
-    device = _device(device)
+def current_device():
+    """The device the calls below use when given none: torch.cuda.current_device() where torch
+    is imported and CUDA initialized (as torch.cuda's own calls default), else 0. Never imports
+    torch nor initializes CUDA."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except Exception:  # a stand-in or broken torch: the first device
+        pass
+    return 0
+
+
+def _device_or_current(device):
+    return current_device() if device is None else _device(device)
+
+
+def memory_stats(device=None):
+    """The allocator's statistics on ``device`` (default: the current device), a dict.
+
+    Keys of PyTorch's ``torch.cuda.memory_stats()`` keep PyTorch's meanings:
+    ``allocated_bytes``, ``requested_bytes``, ``active_bytes``, ``reserved_bytes``,
+    ``allocation`` and ``active`` (each ``.all.current``, ``.all.peak``, ``.all.allocated``,
+    ``.all.freed``), ``inactive_split_bytes.all.current``, ``num_alloc_retries``, ``num_ooms``,
+    ``num_device_alloc`` and ``num_device_free``; docs/pytorch.md maps each one. adaptalloc's own
+    counters carry their own names (``live_bytes``, ``idle_bytes``, ``driver_allocs``,
+    ``stream_waits``...). RuntimeError when nothing was allocated on ``device`` yet."""
+    device = _device_or_current(device)
     s = _Stats()
     _check(_c().adaptalloc_stats_sized(device, ctypes.byref(s), ctypes.sizeof(s)), "memory_stats(device=%d)" % device)
     out = {name: getattr(s, name) for name in _STAT_FIELDS}
-    for ours, theirs in _TORCH_NAMES.items():
-        out[theirs] = out[ours]
+    out.update(_native.torch_stats(device) or {})
     return out
 
 
-def reset_peak_stats(device=0):
-    """Restarts ``device``'s peak statistics from their current values."""
-    device = _device(device)
+def reset_peak_stats(device=None):
+    """Restarts ``device``'s (default: the current device's) peak statistics from their current
+    values."""
+    device = _device_or_current(device)
     _check(_c().adaptalloc_reset_peak_stats(device), "reset_peak_stats(device=%d)" % device)
 
 
@@ -147,11 +158,11 @@ def empty_cache():
     return int(_c().adaptalloc_empty_cache())
 
 
-def synchronize_stream(stream, device=0):
+def synchronize_stream(stream, device=None):
     """Says that ``stream``'s queued work is done (after you synchronized it): memory freed on
     it then serves every stream. ``stream`` is a ``cudaStream_t`` as an int (``torch.cuda.Stream
-    .cuda_stream``) or 0 for the default stream."""
-    device, stream = _device(device), _stream(stream)
+    .cuda_stream``) or 0 for the default stream; ``device`` defaults to the current device."""
+    device, stream = _device_or_current(device), _stream(stream)
     _check(
         _c().adaptalloc_synchronize_stream(device, ctypes.c_void_p(stream or None)),
         "synchronize_stream(device=%d)" % device,

@@ -11,11 +11,61 @@ import os
 from . import library_path
 
 
+# PyTorch's setters on the allocator object (torch._C._cuda_CUDAAllocator, behind
+# CUDAPluggableAllocator.allocator()), each with the hook of adaptalloc_torch_hook() it takes.
+HOOKS = {
+    "set_init_fn": "init",
+    "set_reset_fn": "reset",
+    "set_memory_fraction_fn": "memory_fraction",
+    "set_record_stream_fn": "record_stream",
+    "set_begin_allocate_to_pool": "begin_allocate_to_pool",
+    "set_end_allocate_to_pool_fn": "end_allocate_to_pool",
+    "set_release_pool": "release_pool",
+}
+
+
+def hook_addresses():
+    """{setter: address}: the function adaptalloc gives each of PyTorch's hook setters."""
+    import ctypes
+
+    lib = ctypes.CDLL(library_path())
+    lib.adaptalloc_torch_hook.restype = ctypes.c_void_p
+    lib.adaptalloc_torch_hook.argtypes = [ctypes.c_char_p]
+    out = {}
+    for setter, name in HOOKS.items():
+        address = lib.adaptalloc_torch_hook(name.encode())
+        if not address:
+            raise RuntimeError("adaptalloc_torch_hook(%r) returned NULL: a library older than this package?" % name)
+        out[setter] = address
+    return out
+
+
 def allocator():
-    """A ``torch.cuda.memory.CUDAPluggableAllocator`` over adaptalloc's C ABI."""
+    """A ``torch.cuda.memory.CUDAPluggableAllocator`` over adaptalloc's C ABI, with every hook
+    PyTorch lets a pluggable allocator set: ``torch.cuda.empty_cache()``, ``Tensor.record_stream``,
+    ``set_per_process_memory_fraction``, CUDA initialization, and the private pools of CUDA graph
+    capture (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``). A torch without
+    the pool setters (before 2.3) gets the rest, with a warning."""
+    import warnings
+
     import torch
 
-    return torch.cuda.memory.CUDAPluggableAllocator(library_path(), "adaptalloc_malloc", "adaptalloc_free")
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(library_path(), "adaptalloc_malloc", "adaptalloc_free")
+    raw = alloc.allocator()
+    missing = []
+    for setter, address in hook_addresses().items():
+        if hasattr(raw, setter):
+            getattr(raw, setter)(address)
+        else:
+            missing.append(setter)
+    if missing:
+        warnings.warn(
+            "torch %s has no %s: those hooks are not set (CUDA graph capture needs the pool hooks of torch 2.3 or later)"
+            % (getattr(torch, "__version__", "?"), ", ".join(missing)),
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return alloc
 
 
 _installed = None

@@ -114,10 +114,46 @@ fn check_policy(policy: &str) -> PyResult<()> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// `device`'s statistics under the keys of PyTorch's `torch.cuda.memory_stats()`, with
+/// PyTorch's meanings (docs/pytorch.md has the table); None when nothing was allocated on it.
+#[pyfunction]
+fn torch_stats(device: i32) -> Option<std::collections::BTreeMap<String, u64>> {
+    let (s, dev) = capi::stats_of(device)?;
+    let mut out = std::collections::BTreeMap::new();
+    let mut counter = |name: &str, c: &adaptalloc_core::Counter| {
+        out.insert(format!("{name}.all.current"), c.current);
+        out.insert(format!("{name}.all.peak"), c.peak);
+        out.insert(format!("{name}.all.allocated"), c.total);
+        out.insert(format!("{name}.all.freed"), c.total - c.current);
+    };
+    // Bytes handed out and not yet freed, as requested. A block freed while a stream recorded
+    // on it may still use it counts until that work is done: PyTorch's active_bytes; its
+    // allocated_bytes counts such a block freed at once, and counts blocks by rounded size.
+    counter("requested_bytes", &s.live_bytes);
+    counter("allocated_bytes", &s.live_bytes);
+    counter("active_bytes", &s.live_bytes);
+    counter("reserved_bytes", &s.reserved_bytes);
+    counter("allocation", &s.live_blocks);
+    counter("active", &s.live_blocks);
+    // Free memory that cannot be given back: free space in slab pages that live blocks share.
+    out.insert(
+        "inactive_split_bytes.all.current".into(),
+        s.idle_bytes.current.saturating_sub(s.releasable_idle_bytes),
+    );
+    out.insert("num_alloc_retries".into(), s.oom_recoveries);
+    out.insert("num_ooms".into(), s.failed_allocs);
+    // Every physical allocation and every give-back, as PyTorch counts each cudaMalloc and each
+    // mapped handle: cuMemAlloc + cuMemCreate, cuMemFree + cuMemRelease.
+    out.insert("num_device_alloc".into(), dev.ops.alloc.calls + dev.ops.create.calls);
+    out.insert("num_device_free".into(), dev.ops.free.calls + dev.ops.release.calls);
+    Some(out)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_policy, m)?)?;
     m.add_function(wrap_pyfunction!(compare_json, m)?)?;
     m.add_function(wrap_pyfunction!(report_markdown, m)?)?;
+    m.add_function(wrap_pyfunction!(torch_stats, m)?)?;
     Ok(())
 }

@@ -52,7 +52,8 @@ except RuntimeError as e:
     before = str(e)
 ptrs = [lib.adaptalloc_malloc(1 << 20, 0, None) for _ in range(8)]
 assert all(ptrs) and len(set(ptrs)) == 8, ptrs
-s = adaptalloc.memory_stats(0)
+assert not lib.adaptalloc_malloc(2 << 30, 0, None)  # can never fit: PyTorch's num_ooms
+s = adaptalloc.memory_stats()
 for p in ptrs[:6]:
     lib.adaptalloc_free(p, 1 << 20, 0, None)
 adaptalloc.synchronize_stream(0)
@@ -76,7 +77,16 @@ def test_allocation_stats_reset_empty_cache_and_synchronize_on_a_simulated_devic
     s = r["s"]
     assert s["live_bytes"] == 8 << 20 and s["live_blocks"] == 8
     assert s["allocated_bytes.all.current"] == s["live_bytes"], "PyTorch's name for the same figure"
-    assert s["failed_allocs"] == 0 and s["reserved_bytes"] >= s["live_bytes"]
+    # PyTorch's keys with PyTorch's meanings (docs/pytorch.md).
+    assert s["requested_bytes.all.peak"] == 8 << 20 and s["allocated_bytes.all.allocated"] == 8 << 20
+    assert s["reserved_bytes.all.current"] == s["reserved_bytes"] and s["active.all.current"] == 8
+    assert s["num_ooms"] == 1 and s["failed_allocs"] == 1 and s["num_alloc_retries"] == 0
+    assert s["num_device_alloc"] >= 1 and s["num_device_free"] == 0
+    assert s["inactive_split_bytes.all.current"] <= s["idle_bytes"]
+    a = r["after_free"]
+    assert a["allocated_bytes.all.freed"] == 6 << 20 and a["requested_bytes.all.current"] == 2 << 20
+    assert a["inactive_split_bytes.all.current"] == 0, "after empty_cache, nothing idle is left to strand"
+    assert s["reserved_bytes"] >= s["live_bytes"]
     assert r["after_free"]["live_bytes"] == 2 << 20
     assert r["released"] >= 0 and r["after_free"]["idle_bytes"] == 0, "empty_cache gave idle memory back"
     assert r["reset"]["peak_live_bytes"] == 2 << 20, "the peak restarts from the current value"
@@ -139,9 +149,13 @@ def test_device_and_stream_arguments_are_checked_before_ctypes():
             call(2**32)
         with pytest.raises(ValueError, match="device -1: adaptalloc serves devices 0 to 63"):
             call(-1)
-        for bad in ("0", 0.0, True, None):
+        for bad in ("0", 0.0, True):
             with pytest.raises(TypeError, match="device: give an int from 0 to 63"):
                 call(bad)
+    # No device: the current one, which is 0 where torch has not initialized CUDA.
+    assert adaptalloc.current_device() == 0
+    with pytest.raises(RuntimeError, match="device 0"):
+        adaptalloc.memory_stats()
     with pytest.raises(ValueError, match="device 64"):
         adaptalloc.synchronize_stream(0, device=64)
     with pytest.raises(TypeError, match="stream: give a cudaStream_t as an int"):
@@ -171,23 +185,43 @@ def test_a_pickle_whose_shared_references_explode_is_one_clear_error():
 
 FAKE_TORCH = r"""
 import sys, types
-calls = []
+calls, hooks = [], {}
+class Raw:  # torch._C._cuda_CUDAAllocator: the setters install() calls
+    def __getattr__(self, setter):
+        if not setter.startswith("set_"):
+            raise AttributeError(setter)
+        return lambda address: hooks.__setitem__(setter, address)
+class Pluggable:
+    def __init__(self, path, malloc, free):
+        self.args, self.raw = (path, malloc, free), Raw()
+    def allocator(self):
+        return self.raw
 torch = types.ModuleType("torch")
 torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
-    CUDAPluggableAllocator=lambda path, malloc, free: (path, malloc, free),
-    change_current_allocator=lambda a: calls.append(a)))
+    CUDAPluggableAllocator=Pluggable, change_current_allocator=lambda a: calls.append(a.args)))
 sys.modules["torch"] = torch
-import adaptalloc, adaptalloc.torch as at
+import ctypes, adaptalloc, adaptalloc.torch as at
 for bad, word in ((dict(policy="trainig"), "presets"), (dict(report="rep.pdf"), ".md, .toml or .json")):
     try:
         at.install(**bad)
         raise SystemExit("accepted %r" % bad)
     except ValueError as e:
         assert word in str(e), e
-assert calls == [], "nothing swapped on a bad policy or report name"
+assert calls == [] and hooks == {}, "nothing swapped on a bad policy or report name"
 at.install(policy="training")
 at.install(policy="training")  # a re-run notebook cell: nothing happens
 assert calls == [(adaptalloc.library_path(), "adaptalloc_malloc", "adaptalloc_free")], calls
+# Every hook set, each with the address the library exports for it.
+lib = ctypes.CDLL(adaptalloc.library_path())
+lib.adaptalloc_torch_hook.restype = ctypes.c_void_p
+expected = {s: lib.adaptalloc_torch_hook(n.encode()) for s, n in at.HOOKS.items()}
+assert hooks == expected and len(hooks) == 7 and all(hooks.values()), hooks
+exported = {n: ctypes.cast(getattr(lib, f), ctypes.c_void_p).value for n, f in (
+    ("reset", "adaptalloc_torch_empty_cache"), ("record_stream", "adaptalloc_torch_record_stream"),
+    ("memory_fraction", "adaptalloc_set_memory_fraction"), ("init", "adaptalloc_torch_init"))}
+for setter, name in at.HOOKS.items():
+    if name in exported:
+        assert hooks[setter] == exported[name], (setter, hooks[setter], exported[name])
 try:
     at.install(policy="default")
     raise SystemExit("a second install with other arguments was accepted")
