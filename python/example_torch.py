@@ -18,7 +18,19 @@ LIB = os.path.join(ROOT, "target", "release", "libadaptalloc.so")
 
 
 def install():
+    """As adaptalloc.torch.install() does, without the package: malloc and free, then every hook
+    (adaptalloc_torch_hook gives each setter's address)."""
+    import ctypes
+
     alloc = torch.cuda.memory.CUDAPluggableAllocator(LIB, "adaptalloc_malloc", "adaptalloc_free")
+    lib = ctypes.CDLL(LIB)
+    lib.adaptalloc_torch_hook.restype = ctypes.c_void_p
+    lib.adaptalloc_torch_hook.argtypes = [ctypes.c_char_p]
+    for setter, name in (("set_init_fn", b"init"), ("set_reset_fn", b"reset"),
+                         ("set_memory_fraction_fn", b"memory_fraction"), ("set_record_stream_fn", b"record_stream"),
+                         ("set_begin_allocate_to_pool", b"begin_allocate_to_pool"),
+                         ("set_end_allocate_to_pool_fn", b"end_allocate_to_pool"), ("set_release_pool", b"release_pool")):
+        getattr(alloc.allocator(), setter)(lib.adaptalloc_torch_hook(name))
     torch.cuda.memory.change_current_allocator(alloc)
 
 

@@ -366,6 +366,15 @@ unsafe fn write_stats(call: &str, device: c_int, out: *mut u8, room: usize) -> c
     0
 }
 
+/// `device`'s allocator statistics and its device's driver calls by kind (one allocator per
+/// device here, so the device's calls are the allocator's); None when nothing was allocated on
+/// it yet. For the Python extension, which compiles this file in (`memory_stats`).
+#[allow(dead_code)]
+pub(crate) fn stats_of(device: c_int) -> Option<(adaptalloc_core::Stats, adaptalloc_core::device::DeviceStats)> {
+    let a = table().get(device)?;
+    Some((a.stats(), a.device().stats()))
+}
+
 /// Runs `f` on `device`'s allocator: 0, or -1 with the reason in `adaptalloc_last_error()`
 /// (prefixed by `call`) when the device has none yet, `f` fails, or `f` panicked.
 fn with_allocator(call: &str, device: c_int, f: impl FnOnce(&Allocator) -> Result<(), AllocError>) -> c_int {

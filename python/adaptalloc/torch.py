@@ -11,7 +11,7 @@ import os
 from . import library_path
 
 
-# PyTorch's setters on the allocator object (torch._C._cuda_CUDAAllocator, behind
+# PyTorch's setters on the allocator object (torch._C._CUDAPluggableAllocator, behind
 # CUDAPluggableAllocator.allocator()), each with the hook of adaptalloc_torch_hook() it takes.
 HOOKS = {
     "set_init_fn": "init",
