@@ -26,6 +26,7 @@
 pub mod advice;
 pub mod compare;
 pub mod error;
+pub mod estimate;
 pub mod peers;
 pub mod synth;
 pub mod trace;

@@ -33,13 +33,21 @@ fn gpu_bench_runs_on_a_stub_libcuda() {
         "{}",
         model.description
     );
-    // Every virtual-memory call was timed on the stub's VMM, on 2 MiB and 20 MiB handles.
+    // Every virtual-memory call was timed on the stub's VMM, with handles from 2 MiB up to what
+    // half its free memory holds twice (32 MiB of 256 MiB); each with its median and the mean's
+    // 95% interval, and cuMemCreate priced at each size.
     let written = std::fs::read_to_string(&cost).unwrap();
-    assert!(
-        written.contains("medians over 4 handles of 2MiB and 2 of 20MiB"),
-        "{written}"
-    );
-    assert_eq!(model.vmm.create_ns.points.len(), 2, "{written}");
+    for line in [
+        "2MiB create     median",
+        "(95%, n = 4)",
+        "32MiB release",
+        "(95%, n = 2)",
+    ] {
+        assert!(written.contains(line), "{line:?} missing:\n{written}");
+    }
+    assert!(written.contains("128MiB: not measured"), "{written}");
+    let sizes: Vec<u64> = model.vmm.create_ns.points.iter().map(|p| p.0.0).collect();
+    assert_eq!(sizes, [2 << 20, 8 << 20, 32 << 20], "{written}");
     let table = std::fs::read_to_string(&results).unwrap();
     // small-churn (13 MiB peak) fits the stub's 256 MiB; the GiB-sized workloads are skipped.
     for name in ["passthrough", "caching", "suballoc", "adaptive", "cuda-pool"] {

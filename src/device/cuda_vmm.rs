@@ -283,8 +283,8 @@ impl VirtualMemory for CudaDevice {
 }
 
 /// Median latency of each virtual-memory call on one device, ns (what `adaptalloc gpu-bench`
-/// writes into a cost model's `[vmm]` table).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// writes into a cost model's `[vmm]` table), with every call's time for its statistics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VmmTimings {
     /// cuMemAddressReserve.
     pub reserve_ns: u64,
@@ -302,6 +302,8 @@ pub struct VmmTimings {
     pub release_ns: u64,
     /// cuCtxSynchronize on an idle device: the floor of the wait before unmapping.
     pub sync_ns: u64,
+    /// Each call's time, ns, by kind: `create`, `map`, `set_access`, `unmap`, `release`.
+    pub samples: [(&'static str, Vec<u64>); 5],
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -412,11 +414,18 @@ impl CudaDevice {
         let freed = check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(base, total) });
         out.unreserve_ns = t.elapsed().as_nanos() as u64;
         result.and(freed)?;
-        out.create_ns = median(create);
-        out.map_ns = median(map);
-        out.set_access_ns = median(access);
-        out.unmap_ns = median(unmap);
-        out.release_ns = median(release);
+        out.create_ns = median(create.clone());
+        out.map_ns = median(map.clone());
+        out.set_access_ns = median(access.clone());
+        out.unmap_ns = median(unmap.clone());
+        out.release_ns = median(release.clone());
+        out.samples = [
+            ("create", create),
+            ("map", map),
+            ("set_access", access),
+            ("unmap", unmap),
+            ("release", release),
+        ];
         Ok(out)
     }
 }

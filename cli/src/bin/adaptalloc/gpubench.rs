@@ -12,6 +12,7 @@ use adaptalloc::device::{CostModel, CudaDevice, CudaPool, Device, DevicePtr};
 use adaptalloc::size::ByteSize;
 use adaptalloc::strategy::StreamId;
 use adaptalloc_cli::compare::Contender;
+use adaptalloc_cli::estimate::Estimate;
 use adaptalloc_cli::trace::{ReplayOptions, ReplayTarget, TargetCounters, Trace, replay_with};
 use anyhow::Context;
 
@@ -165,8 +166,9 @@ fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
     ))
 }
 
-/// The `[vmm]` table: every virtual-memory call timed on 2 MiB handles and on 20 MiB ones
-/// (PyTorch's two page sizes), or the default's prices, said so, where the device has none.
+/// The `[vmm]` table: every virtual-memory call timed on handles from one granule to 1 GiB, with
+/// each price's confidence interval, and cuMemCreate priced by handle size; or the default's
+/// prices, said so, where the device has none.
 fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
     let default = CostModel::default().vmm;
     let Some(page) = cuda.vmm_page_size() else {
@@ -186,33 +188,64 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
             default.unmap_sync_ns
         ));
     };
-    let (n_small, n_large) = if quick { (4, 2) } else { (64, 16) };
-    let small = cuda.time_vmm_calls(page, n_small).context("timing 2 MiB handles")?;
-    let large_handle = page * 10;
-    let large = cuda
-        .time_vmm_calls(large_handle, n_large)
-        .context("timing 20 MiB handles")?;
-    eprintln!("calibrate: vmm, {}: {small:?}", ByteSize(page));
-    eprintln!("calibrate: vmm, {}: {large:?}", ByteSize(large_handle));
+    // Handle sizes from one granule to 1 GiB (for 2 MiB granules: 2, 8, 32, 128, 512 MiB,
+    // 1 GiB), fewer handles of the larger ones, and never more than half the free memory.
+    let plan: [(u64, usize); 6] = if quick {
+        [(1, 4), (4, 2), (16, 2), (64, 2), (256, 2), (512, 2)]
+    } else {
+        [(1, 64), (4, 32), (16, 16), (64, 8), (256, 4), (512, 4)]
+    };
+    let free = cuda.mem_info().map(|m| m.free).unwrap_or(0);
+    let mut measured = Vec::new();
+    let mut notes = String::new();
+    for (pages, n) in plan {
+        let size = page * pages;
+        let n = n.min((free / 2 / size) as usize);
+        if n < 2 {
+            let _ = writeln!(
+                notes,
+                "#   {}: not measured (two handles would take over half the {} free)",
+                ByteSize(size),
+                ByteSize(free)
+            );
+            continue;
+        }
+        let t = cuda
+            .time_vmm_calls(size, n)
+            .with_context(|| format!("timing {} handles", ByteSize(size)))?;
+        eprintln!("calibrate: vmm, {n} handles of {}: {t:?}", ByteSize(size));
+        measured.push((size, t));
+    }
+    let Some((_, small)) = measured.first() else {
+        anyhow::bail!("no handle size could be measured: {} free", ByteSize(free));
+    };
+    let mut table = String::new();
+    for (size, t) in &measured {
+        for (kind, samples) in &t.samples {
+            if let Some(e) = Estimate::of(samples) {
+                let _ = writeln!(table, "#   {:>7} {kind:<10} {e}", ByteSize(*size).to_string());
+            }
+        }
+    }
+    let points: Vec<String> = measured
+        .iter()
+        .map(|(size, t)| format!("[{size}, {}]", t.create_ns))
+        .collect();
     Ok(format!(
-        "# Virtual memory: medians over {n_small} handles of {ps} and {n_large} of {ls} (map, set\n\
-         # access, unmap and release of a {ls} handle: {lm}, {la}, {lu}, {lr} ns). cuCtxSynchronize on\n\
+        "# Virtual memory: each call timed on handles of every size below (ns; the median is the\n\
+         # price, the mean's 95% confidence interval says how sure it is). map, set access, unmap and\n\
+         # release are priced from the {ps} handles; cuMemCreate by handle size. cuCtxSynchronize on\n\
          # the idle device took {sync} ns; unmap_sync_ns keeps the default's, as free_sync_ns.\n\
+         {table}{notes}\
          [vmm]\nreserve_ns = {reserve}\nunreserve_ns = {unreserve}\n\
-         create_ns = {{ points = [[{page}, {cs}], [{large_handle}, {cl}]] }}\n\
+         create_ns = {{ points = [{points}] }}\n\
          map_ns = {map}\nset_access_ns = {access}\nunmap_ns = {unmap}\nrelease_ns = {release}\n\
          unmap_sync_ns = {usync}\n",
         ps = ByteSize(page),
-        ls = ByteSize(large_handle),
-        lm = large.map_ns,
-        la = large.set_access_ns,
-        lu = large.unmap_ns,
-        lr = large.release_ns,
+        points = points.join(", "),
         sync = small.sync_ns,
         reserve = small.reserve_ns,
         unreserve = small.unreserve_ns,
-        cs = small.create_ns,
-        cl = large.create_ns,
         map = small.map_ns,
         access = small.set_access_ns,
         unmap = small.unmap_ns,
