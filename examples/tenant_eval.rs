@@ -98,7 +98,10 @@ fn main() {
             );
         }
     }
-    println!("\nRuns where adaptive failed the co-tenant or the workload: {}.\n", misses.len());
+    println!(
+        "\nRuns where adaptive failed the co-tenant or the workload: {}.\n",
+        misses.len()
+    );
     for m in misses {
         println!("- {m}");
     }
