@@ -88,7 +88,8 @@ impl Allocation {
     pub fn stream(&self) -> StreamId {
         self.stream
     }
-    /// Gives up ownership: the caller must free the pointer with [`Allocator::deallocate`].
+    /// Gives up ownership: the caller must free the pointer with
+    /// [`Allocator::deallocate`](super::Allocator::deallocate).
     pub fn into_raw(mut self) -> DevicePtr {
         self.owned = false;
         self.ptr
