@@ -74,7 +74,9 @@ _installed = None
 def install(policy=None, report=None):
     """Makes adaptalloc PyTorch's CUDA allocator: ``policy`` (a preset name or a policy file) and
     ``report`` (a tuning report written at exit: .md, .toml or .json) set ADAPTALLOC_POLICY and
-    ADAPTALLOC_REPORT. Call it before anything allocates on the GPU.
+    ADAPTALLOC_REPORT. Call it before anything allocates on the GPU. Every hook is set
+    (``allocator()``): ``torch.cuda.empty_cache()``, ``Tensor.record_stream``,
+    ``set_per_process_memory_fraction`` and CUDA graph capture reach adaptalloc.
 
     The policy and the report's name are checked first (a ValueError naming the preset, or the
     file, line and key), so a typo never leaves PyTorch with an allocator that refuses every
