@@ -121,6 +121,10 @@ int main() {
     end_fn(0, MempoolId{9, 9});
     CHECK(std::strstr(adaptalloc_last_error(), "end_pool without begin_pool"));
 
+    // A window on a device adaptalloc does not serve: refused, and the filter's copy destroyed.
+    begin_fn(99, MempoolId{3, 0}, Filter(captured));
+    CHECK(filters_alive == 0 && std::strstr(adaptalloc_last_error(), "device 99"));
+
     // An empty std::function: every stream allocates to the pool.
     begin_fn(0, MempoolId{2, 0}, std::function<bool(cudaStream_t)>());
     void *e = malloc_fn(1 << 20, 0, side);
