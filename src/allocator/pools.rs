@@ -202,8 +202,7 @@ impl State {
     /// Every pool's memory back (the allocator is dropped; its blocks were freed first).
     pub(super) fn drop_pools(&mut self, dev: &dyn Device) {
         self.pools.active.clear();
-        for p in self.pools.slots.iter_mut().filter_map(Option::take) {
-            let mut p = p;
+        for mut p in self.pools.slots.iter_mut().filter_map(Option::take) {
             p.memory.release_idle(dev);
         }
     }
@@ -212,7 +211,6 @@ impl State {
 impl Shared {
     /// A request routed to pool `slot` (the window is open and its filter took the stream).
     #[cold]
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn allocate_in_pool(
         &self,
         st: &mut State,
