@@ -236,39 +236,33 @@ def run_child(mode, env):
     print(out.stdout.strip())
 
 
-def abi_v1_caller():
-    """A C program built against the first header's ten-field struct (python/abi_v1.c), linked
-    against the library: its memory past the struct is never written."""
-    cc = os.environ.get("CC", "cc")
+def build_and_run(compiler, source, flags=()):
+    """Builds python/SOURCE with COMPILER against the library (linked, with its path as rpath),
+    runs it on a simulated device and prints what it printed; it must exit 0."""
     with tempfile.TemporaryDirectory() as tmp:
-        exe = os.path.join(tmp, "abi_v1")
-        built = subprocess.run([cc, os.path.join(ROOT, "python", "abi_v1.c"), "-o", exe,
+        exe = os.path.join(tmp, os.path.splitext(source)[0])
+        built = subprocess.run([compiler, *flags, os.path.join(ROOT, "python", source), "-o", exe,
                                 "-L", os.path.dirname(LIB), "-ladaptalloc", "-Wl,-rpath," + os.path.dirname(LIB)],
                                capture_output=True, text=True)
         if built.returncode != 0:
-            raise SystemExit(f"cannot build python/abi_v1.c with {cc}: {built.stderr}")
+            raise SystemExit(f"cannot build python/{source} with {compiler}: {built.stderr}")
         env = dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB")
         out = subprocess.run([exe], env=env, capture_output=True, text=True)
         assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
         print(out.stdout.strip())
+
+
+def abi_v1_caller():
+    """A C program built against the first header's ten-field struct (python/abi_v1.c), linked
+    against the library: its memory past the struct is never written."""
+    build_and_run(os.environ.get("CC", "cc"), "abi_v1.c")
 
 
 def torch_hooks_caller():
     """PyTorch's hooks called through the function types PyTorch casts them to, from C++
     (python/torch_hooks.cpp): std::function wrappers, MempoolId_t and a std::function filter by
     value into the pool hooks (capi/src/torch_hooks.cpp)."""
-    cxx = os.environ.get("CXX", "c++")
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = os.path.join(tmp, "torch_hooks")
-        built = subprocess.run([cxx, "-std=c++17", "-Wall", os.path.join(ROOT, "python", "torch_hooks.cpp"), "-o", exe,
-                                "-L", os.path.dirname(LIB), "-ladaptalloc", "-Wl,-rpath," + os.path.dirname(LIB)],
-                               capture_output=True, text=True)
-        if built.returncode != 0:
-            raise SystemExit(f"cannot build python/torch_hooks.cpp with {cxx}: {built.stderr}")
-        env = dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB")
-        out = subprocess.run([exe], env=env, capture_output=True, text=True)
-        assert out.returncode == 0, (out.returncode, out.stdout, out.stderr)
-        print(out.stdout.strip())
+    build_and_run(os.environ.get("CXX", "c++"), "torch_hooks.cpp", ("-std=c++17", "-Wall"))
 
 
 def header_matches_exports():

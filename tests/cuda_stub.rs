@@ -19,10 +19,14 @@ use common::stub::{run_on_stub, stub_hooks, stub_or_skip};
 const CHILD: &str = "ADAPTALLOC_STUB_CUDA_CHILD";
 const CAPACITY: u64 = 96 << 20;
 
-/// Runs test `name` again in a child process whose libcuda is the stub (the loader reads
+/// In the child process (test `name` run again with `CHILD` set to it): runs `child`. Otherwise
+/// runs test `name` again in a child process whose libcuda is the stub (the loader reads
 /// LD_LIBRARY_PATH at process start), with `CHILD` set to `name` and the `env` given; the child
 /// must succeed and print `marker`. Skips, saying why, where the stub cannot be used.
-fn in_child_on_stub(name: &str, env: &[(&str, &str)], marker: &str) {
+fn in_child_on_stub(name: &str, env: &[(&str, &str)], marker: &str, child: fn()) {
+    if is_child(name) {
+        return child();
+    }
     let Some(dir) = stub_or_skip(name) else {
         return;
     };
@@ -43,10 +47,7 @@ fn is_child(name: &str) -> bool {
 
 #[test]
 fn cuda_device_runs_on_a_stub_libcuda() {
-    if is_child("cuda_device_runs_on_a_stub_libcuda") {
-        return child();
-    }
-    in_child_on_stub("cuda_device_runs_on_a_stub_libcuda", &[], "stub checks passed");
+    in_child_on_stub("cuda_device_runs_on_a_stub_libcuda", &[], "stub checks passed", child);
 }
 
 /// Runs inside the child, with the stub as libcuda.
@@ -208,13 +209,11 @@ fn child() {
 /// caller's current context as it found it, and each device's allocator uses its own context.
 #[test]
 fn every_entry_point_restores_the_callers_context() {
-    if is_child("every_entry_point_restores_the_callers_context") {
-        return context_child();
-    }
     in_child_on_stub(
         "every_entry_point_restores_the_callers_context",
         &[("STUB_CUDA_DEVICES", "2")],
         "context checks passed",
+        context_child,
     );
 }
 
@@ -287,13 +286,11 @@ fn context_child() {
 /// after the allocator waited for that work; one synchronization serves a whole release.
 #[test]
 fn pages_are_unmapped_only_after_queued_work_is_done() {
-    if is_child("pages_are_unmapped_only_after_queued_work_is_done") {
-        return unmap_child();
-    }
     in_child_on_stub(
         "pages_are_unmapped_only_after_queued_work_is_done",
         &[],
         "unmap checks passed",
+        unmap_child,
     );
 }
 
@@ -344,13 +341,11 @@ fn unmap_child() {
 /// memory back to the allocator (never to cuMemFree) when dropped.
 #[test]
 fn adapt_slice_checks_the_device_and_returns_its_memory() {
-    if is_child("adapt_slice_checks_the_device_and_returns_its_memory") {
-        return adapt_slice_child();
-    }
     in_child_on_stub(
         "adapt_slice_checks_the_device_and_returns_its_memory",
         &[("STUB_CUDA_DEVICES", "2")],
         "adapt slice checks passed",
+        adapt_slice_child,
     );
 }
 
@@ -404,13 +399,11 @@ fn adapt_slice_child() {
 /// B waits on the event (that kernel), not on A's whole queue.
 #[test]
 fn freed_memory_waits_for_the_work_queued_at_the_free_not_the_whole_stream() {
-    if is_child("freed_memory_waits_for_the_work_queued_at_the_free_not_the_whole_stream") {
-        return checkpoint_child();
-    }
     in_child_on_stub(
         "freed_memory_waits_for_the_work_queued_at_the_free_not_the_whole_stream",
         &[],
         "checkpoint checks passed",
+        checkpoint_child,
     );
 }
 
@@ -517,13 +510,11 @@ fn checkpoint_child() {
 /// stream handles (B below A and above it).
 #[test]
 fn a_reclaim_never_answers_a_stream_with_a_checkpoint_older_than_its_last_free() {
-    if is_child("a_reclaim_never_answers_a_stream_with_a_checkpoint_older_than_its_last_free") {
-        return reclaim_race_child();
-    }
     in_child_on_stub(
         "a_reclaim_never_answers_a_stream_with_a_checkpoint_older_than_its_last_free",
         &[],
         "reclaim race checks passed",
+        reclaim_race_child,
     );
 }
 
@@ -617,10 +608,12 @@ fn reclaim_race_child() {
 /// nothing back. The stub refuses (and counts) every call that would break a capture.
 #[test]
 fn nothing_breaks_a_capture_under_way() {
-    if is_child("nothing_breaks_a_capture_under_way") {
-        return capture_child();
-    }
-    in_child_on_stub("nothing_breaks_a_capture_under_way", &[], "capture checks passed");
+    in_child_on_stub(
+        "nothing_breaks_a_capture_under_way",
+        &[],
+        "capture checks passed",
+        capture_child,
+    );
 }
 
 fn capture_child() {

@@ -375,21 +375,28 @@ pub(crate) fn stats_of(device: c_int) -> Option<(adaptalloc_core::Stats, adaptal
     Some((a.stats(), a.device().stats()))
 }
 
-/// Runs `f` on `device`'s allocator: 0, or -1 with the reason in `adaptalloc_last_error()`
-/// (prefixed by `call`) when the device has none yet, `f` fails, or `f` panicked.
-fn with_allocator(call: &str, device: c_int, f: impl FnOnce(&Allocator) -> Result<(), AllocError>) -> c_int {
-    let result = catch_unwind(AssertUnwindSafe(|| table().get(device).map(f)));
-    let message = match result {
-        Ok(Some(Ok(()))) => {
+/// Runs `f`, catching a panic: 0 with the last error cleared, or -1 with `call: reason` as the
+/// last error (`f`'s error, or the panic).
+fn guarded(call: &str, f: impl FnOnce() -> Result<(), String>) -> c_int {
+    let message = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => {
             clear_error();
             return 0;
         }
-        Ok(Some(Err(e))) => e.to_string(),
-        Ok(None) => no_allocator(device),
+        Ok(Err(message)) => message,
         Err(_) => "internal panic (a bug; please report it)".to_string(),
     };
     set_error(format!("{call}: {message}"));
     -1
+}
+
+/// Runs `f` on `device`'s allocator: 0, or -1 with the reason in `adaptalloc_last_error()`
+/// (prefixed by `call`) when the device has none yet, `f` fails, or `f` panicked.
+fn with_allocator(call: &str, device: c_int, f: impl FnOnce(&Allocator) -> Result<(), AllocError>) -> c_int {
+    guarded(call, || {
+        let alloc = table().get(device).ok_or_else(|| no_allocator(device))?;
+        f(alloc).map_err(|e| e.to_string())
+    })
 }
 
 /// Tells `device`'s allocator that all work queued on `stream` has completed (call it after
@@ -448,18 +455,13 @@ pub extern "C" fn adaptalloc_torch_empty_cache() {
 #[unsafe(no_mangle)]
 pub extern "C" fn adaptalloc_torch_record_stream(ptr: *mut c_void, stream: *mut c_void) {
     let (addr, s) = (ptr as usize as DevicePtr, stream as usize as u64);
-    let found = catch_unwind(|| {
-        table()
-            .all()
-            .find_map(|(d, a)| a.record_stream(addr, s).ok().map(|()| d))
+    guarded(&format!("adaptalloc_torch_record_stream({addr:#x})"), || {
+        if table().all().any(|(_, a)| a.record_stream(addr, s).is_ok()) {
+            Ok(())
+        } else {
+            Err("not a live allocation of any device's allocator".into())
+        }
     });
-    match found {
-        Ok(Some(_)) => clear_error(),
-        Ok(None) => set_error(format!(
-            "adaptalloc_torch_record_stream({addr:#x}): not a live allocation of any device's allocator"
-        )),
-        Err(_) => set_error("adaptalloc_torch_record_stream: internal panic (a bug; please report it)".into()),
-    }
 }
 
 /// PyTorch's memory fraction hook, `void(double, int)` (`set_per_process_memory_fraction`):
@@ -472,38 +474,27 @@ pub extern "C" fn adaptalloc_set_memory_fraction(fraction: f64, device: c_int) {
         set_error(format!("{call}: the fraction must be more than 0 and at most 1"));
         return;
     }
-    let result = catch_unwind(AssertUnwindSafe(|| {
+    guarded(&call, || {
         let alloc = allocator(device)?;
         let total = alloc.device().mem_info().map_err(|e| e.to_string())?.total;
         alloc.set_memory_cap(Some((total as f64 * fraction) as u64));
-        Ok::<(), String>(())
-    }));
-    match result {
-        Ok(Ok(())) => clear_error(),
-        Ok(Err(message)) => set_error(format!("{call}: {message}")),
-        Err(_) => set_error(format!("{call}: internal panic (a bug; please report it)")),
-    }
+        Ok(())
+    });
 }
-
-/// Devices PyTorch reported at initialization (its init hook); -1 before.
-static DEVICE_COUNT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 /// PyTorch's init hook, `void(int)`, called when CUDA initializes with the number of devices:
 /// checks `ADAPTALLOC_POLICY` now, so that a broken policy is printed (file, line and key) when
-/// CUDA starts rather than at the first allocation, and keeps the count for errors.
+/// CUDA starts rather than at the first allocation.
 #[unsafe(no_mangle)]
 pub extern "C" fn adaptalloc_torch_init(device_count: c_int) {
-    DEVICE_COUNT.store(device_count, Ordering::Relaxed);
-    match catch_unwind(adaptalloc_core::policy::Policy::from_env) {
-        Ok(Ok(_)) => clear_error(),
-        Ok(Err(e)) => {
+    guarded(&format!("adaptalloc_torch_init({device_count})"), || {
+        adaptalloc_core::policy::Policy::from_env().map(drop).map_err(|e| {
             if !CONFIG_ERROR_PRINTED.swap(true, Ordering::Relaxed) {
                 eprintln!("adaptalloc: cannot build an allocator from the environment: {e}");
             }
-            set_error(format!("adaptalloc_torch_init({device_count}): {e}"));
-        }
-        Err(_) => set_error("adaptalloc_torch_init: internal panic (a bug; please report it)".into()),
-    }
+            e.to_string()
+        })
+    });
 }
 
 /// A stream filter passed through the C ABI: `filter(ctx, stream)` nonzero takes the stream;
@@ -561,29 +552,15 @@ pub unsafe extern "C" fn adaptalloc_begin_pool(
         unsafe { drop(ctx) };
     }
     let call = format!("adaptalloc_begin_pool(device {device}, pool ({id0}, {id1}))");
-    let result = catch_unwind(AssertUnwindSafe(|| {
+    guarded(&call, || {
         let alloc = allocator(device)?;
         let filter: adaptalloc_core::StreamFilter = match held {
             Some(f) => Box::new(move |s| f.accepts(s)),
             None => Box::new(|_| true),
         };
         alloc.begin_pool((id0, id1), filter);
-        Ok::<(), String>(())
-    }));
-    match result {
-        Ok(Ok(())) => {
-            clear_error();
-            0
-        }
-        Ok(Err(message)) => {
-            set_error(format!("{call}: {message}"));
-            -1
-        }
-        Err(_) => {
-            set_error(format!("{call}: internal panic (a bug; please report it)"));
-            -1
-        }
-    }
+        Ok(())
+    })
 }
 
 /// Ends pool `(id0, id1)`'s latest window on `device` (PyTorch's endAllocateToPool, after the

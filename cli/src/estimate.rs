@@ -5,12 +5,25 @@
 use statrs::distribution::{ContinuousCDF, StudentsT};
 use statrs::statistics::Statistics;
 
+/// The `f` quantile (0..=1) of sorted values, the nearest rank (the upper median of an even
+/// count); 0 when there are none.
+pub fn quantile(sorted: &[u64], f: f64) -> u64 {
+    let i = ((sorted.len().max(1) - 1) as f64 * f).round() as usize;
+    sorted.get(i).copied().unwrap_or(0)
+}
+
+/// The median of `v` ([`quantile`] 0.5).
+pub fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    quantile(&v, 0.5)
+}
+
 /// Repeated timings of one call, summarized.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Estimate {
     /// Samples.
     pub n: usize,
-    /// Their median, ns.
+    /// Their median, ns ([`median`]: the price a cost model takes).
     pub median: u64,
     /// Their mean, ns.
     pub mean: f64,
@@ -27,7 +40,7 @@ impl Estimate {
         }
         let mut sorted = samples.to_vec();
         sorted.sort_unstable();
-        let median = sorted[(sorted.len() - 1) / 2];
+        let median = quantile(&sorted, 0.5);
         let xs: Vec<f64> = samples.iter().map(|&x| x as f64).collect();
         let n = xs.len();
         let mean = xs.iter().mean();
@@ -64,7 +77,7 @@ mod tests {
     fn the_interval_is_students_t_on_the_standard_error() {
         // 1..=10: mean 5.5, sample sd 3.0277, t(0.975, 9) = 2.2622: half-width 2.1659.
         let e = Estimate::of(&(1..=10).collect::<Vec<u64>>()).unwrap();
-        assert_eq!((e.n, e.median), (10, 5));
+        assert_eq!((e.n, e.median), (10, 6), "the upper median, as the cost model's price");
         assert!((e.mean - 5.5).abs() < 1e-9);
         assert!((e.ci95 - 2.1659).abs() < 1e-3, "{}", e.ci95);
         // Two samples: t(0.975, 1) = 12.706, so the interval is wide, as it should be.

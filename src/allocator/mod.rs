@@ -606,13 +606,21 @@ impl Shared {
             st.switch_stream(dev, live.stream, op);
         }
         st.strategies[si].deallocate(dev, ptr, live.block, live.meta, live.stream, op);
+        Self::count_freed(st, &live);
+        st.refresh_one(si);
+    }
+
+    /// A live block went back to its strategy or pool: the engine's class statistics and the
+    /// live counters (the counterpart of [`record_live`](Self::record_live)).
+    #[inline(always)]
+    pub(super) fn count_freed(st: &mut State, live: &Live) {
+        let op = st.op;
         if let Some(e) = st.engine.as_deref_mut() {
             e.on_free(live.bucket as usize, live.requested, op - live.born, op);
         }
         st.stats.live_bytes.sub(live.requested);
         st.stats.live_blocks.sub(1);
         st.stats.rounding_bytes -= live.block - live.requested;
-        st.refresh_one(si);
     }
 }
 

@@ -266,12 +266,7 @@ impl Shared {
         let pool = st.pools.slots[slot].as_mut().expect("a live pool block's pool is kept");
         pool.memory.deallocate(dev, ptr, live.block, live.meta, live.stream, op);
         pool.live -= 1;
-        if let Some(e) = st.engine.as_deref_mut() {
-            e.on_free(live.bucket as usize, live.requested, op - live.born, op);
-        }
-        st.stats.live_bytes.sub(live.requested);
-        st.stats.live_blocks.sub(1);
-        st.stats.rounding_bytes -= live.block - live.requested;
+        Shared::count_freed(st, &live);
         st.drop_pool_if_done(dev, slot);
         st.refresh();
     }

@@ -302,11 +302,12 @@ pub struct VmmTimings {
     pub release_ns: u64,
     /// cuCtxSynchronize on an idle device: the floor of the wait before unmapping.
     pub sync_ns: u64,
-    /// Each call's time, ns, by kind: `create`, `map`, `set_access`, `unmap`, `release`.
+    /// Each call's time, ns, by kind (`create`, `map`, `set_access`, `unmap`, `release`), sorted.
     pub samples: [(&'static str, Vec<u64>); 5],
 }
 
-fn median(mut v: Vec<u64>) -> u64 {
+/// The median of `v` (the upper one of an even count), sorting it in place; 0 when empty.
+fn median(v: &mut [u64]) -> u64 {
     v.sort_unstable();
     v.get(v.len() / 2).copied().unwrap_or(0)
 }
@@ -414,11 +415,11 @@ impl CudaDevice {
         let freed = check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(base, total) });
         out.unreserve_ns = t.elapsed().as_nanos() as u64;
         result.and(freed)?;
-        out.create_ns = median(create.clone());
-        out.map_ns = median(map.clone());
-        out.set_access_ns = median(access.clone());
-        out.unmap_ns = median(unmap.clone());
-        out.release_ns = median(release.clone());
+        out.create_ns = median(&mut create);
+        out.map_ns = median(&mut map);
+        out.set_access_ns = median(&mut access);
+        out.unmap_ns = median(&mut unmap);
+        out.release_ns = median(&mut release);
         out.samples = [
             ("create", create),
             ("map", map),

@@ -12,7 +12,7 @@ use adaptalloc::device::{CostModel, CudaDevice, CudaPool, Device, DevicePtr};
 use adaptalloc::size::ByteSize;
 use adaptalloc::strategy::StreamId;
 use adaptalloc_cli::compare::Contender;
-use adaptalloc_cli::estimate::Estimate;
+use adaptalloc_cli::estimate::{Estimate, median, quantile};
 use adaptalloc_cli::trace::{ReplayOptions, ReplayTarget, TargetCounters, Trace, replay_with};
 use anyhow::Context;
 
@@ -38,17 +38,6 @@ pub struct Args {
     /// Skip frees of ids that are not live instead of failing.
     #[arg(long)]
     lenient: bool,
-}
-
-/// The `f` quantile (0..=1) of sorted values; 0 when there are none.
-fn quantile(sorted: &[u64], f: f64) -> u64 {
-    let i = ((sorted.len().max(1) - 1) as f64 * f).round() as usize;
-    sorted.get(i).copied().unwrap_or(0)
-}
-
-fn median(mut v: Vec<u64>) -> u64 {
-    v.sort_unstable();
-    quantile(&v, 0.5)
 }
 
 /// A file-name-safe form of the GPU's name ("NVIDIA H200" -> "nvidia-h200").
