@@ -510,7 +510,8 @@ impl Shared {
         } else {
             ladder::routed(&mut st, &self.device, si, aligned, stream)
         };
-        // Only the routed strategy changed, unless placement under pressure or recovery ran.
+        // Only the routed strategy changed, unless placement under pressure or recovery ran
+        // (or the strand guard sent the request elsewhere: below).
         let mut one_touched = !st.pressure;
         let grant = match attempt {
             Ok(found) => found,
@@ -519,6 +520,7 @@ impl Shared {
                 self.allocate_after_error(&mut st, si, aligned, bytes, stream, e)?
             }
         };
+        let routed = si;
         let (grant, si) = grant;
         let ss = &mut st.strategy_stats[si];
         if grant.hit {
@@ -533,7 +535,9 @@ impl Shared {
             }
             st.resample(&self.device);
         }
-        if one_touched && grant.hit {
+        // Served by another strategy than the routed one (the strand guard's refusal): the
+        // routed one may have changed too (it gives back idle handles before refusing).
+        if one_touched && grant.hit && si == routed {
             st.refresh_one(si);
         } else {
             st.refresh();

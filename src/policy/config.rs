@@ -267,9 +267,12 @@ pub struct SuballocPolicy {
     /// `auto` (one handle for the slab where the strand budget left covers it, handles of up to
     /// 64 MiB while free memory stays above `bounds.tight_below`, pages otherwise), `large-handles`
     /// (an eighth of the slab per handle: an eighth of the mapping calls, released an eighth of
-    /// the slab at a time) or `whole` (one driver allocation per slab, released only empty).
-    /// Only pages keep the promise down to passthrough's exact minimum; the others are for a
-    /// device known to have room (see BENCHMARKS.md for what each costs and fails).
+    /// the slab at a time), `blocks` (a handle shaped to each block as it is placed: the pages
+    /// it covers whole in one handle, a page for each it may share; an idle handle a smaller
+    /// block would cover only in part is pinned whole while the strand guard has room, given
+    /// back first when it has none) or `whole` (one driver allocation per slab, released only
+    /// empty). Only pages keep the promise down to passthrough's exact minimum; the others are
+    /// for a device known to have room (see BENCHMARKS.md for what each costs and fails).
     pub backing: SlabBacking,
     /// Under the adaptive policy, refuse slab placements that would strand memory beyond
     /// `bounds.strand_share` of the memory expected free at the peak; such requests get

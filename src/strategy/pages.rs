@@ -4,7 +4,12 @@
 //! unmapped and its memory given back, even while its slab holds live blocks elsewhere; so free
 //! space inside slabs is no longer stranded.
 
-/// Pages of one slab. Offsets are relative to the slab's base.
+/// No handle: the page is not mapped.
+const UNMAPPED: u32 = u32::MAX;
+
+/// Pages of one slab, and the physical handles mapped over them: a handle covers one page or a
+/// run of them (a handle shaped to a block, `SlabBacking::Blocks`), and goes back whole, once no
+/// live block touches any of its pages. Offsets are relative to the slab's base.
 #[derive(Debug, Clone)]
 pub(crate) struct PageMap {
     page: u64,
@@ -12,12 +17,25 @@ pub(crate) struct PageMap {
     /// handle): offsets then turn into pages by shifts; a slab of its own request's size backed
     /// by one handle has a page of that size, and divides.
     shift: Option<u32>,
-    /// Live blocks overlapping each page.
-    refs: Vec<u32>,
-    mapped: Vec<bool>,
+    /// Each page's state: one bounds check per page on the hot path.
+    st: Vec<Page>,
+    /// Some handle mapped here is larger than a page.
+    larger_handles: bool,
     pub(crate) mapped_bytes: u64,
-    /// Mapped pages with no live block: memory that can be given back now.
+    /// Mapped handles no live block touches: memory that can be given back now.
     pub(crate) unused_mapped_bytes: u64,
+}
+
+/// One page of a [`PageMap`].
+#[derive(Debug, Clone, Copy)]
+struct Page {
+    /// Live blocks overlapping the page.
+    refs: u32,
+    /// The page's handle, by its first page; [`UNMAPPED`] when the page is not mapped.
+    head: u32,
+    /// At a handle's first page: its pages, and how many of them live blocks touch.
+    len: u32,
+    live: u32,
 }
 
 impl PageMap {
@@ -28,8 +46,16 @@ impl PageMap {
         PageMap {
             page,
             shift: page.is_power_of_two().then(|| page.trailing_zeros()),
-            refs: vec![0; n],
-            mapped: vec![false; n],
+            st: vec![
+                Page {
+                    refs: 0,
+                    head: UNMAPPED,
+                    len: 0,
+                    live: 0,
+                };
+                n
+            ],
+            larger_handles: false,
             mapped_bytes: 0,
             unused_mapped_bytes: 0,
         }
@@ -42,10 +68,10 @@ impl PageMap {
             Some(shift) => (offset >> shift, (offset + len + self.page - 1) >> shift),
             None => (offset / self.page, (offset + len).div_ceil(self.page)),
         };
-        first as usize..(last as usize).min(self.refs.len())
+        first as usize..(last as usize).min(self.st.len())
     }
 
-    /// The page size.
+    /// The page size: the unit handles are made of.
     pub(crate) fn page_size(&self) -> u64 {
         self.page
     }
@@ -53,35 +79,48 @@ impl PageMap {
     /// Every page is mapped (the common case once a slab is in use): nothing to map. One compare.
     #[inline]
     pub(crate) fn all_mapped(&self) -> bool {
-        self.mapped_bytes == self.refs.len() as u64 * self.page
+        self.mapped_bytes == self.st.len() as u64 * self.page
     }
 
     /// Pages in the slab.
     pub(crate) fn page_count(&self) -> usize {
-        self.refs.len()
+        self.st.len()
     }
 
-    /// Page `p` is mapped and a live block touches it: its memory stays held until they go.
-    pub(crate) fn is_pinned(&self, p: usize) -> bool {
-        self.mapped[p] && self.refs[p] > 0
+    /// Page `p` is mapped in a handle of its own and a live block touches it: its memory stays
+    /// held until they go, and (one page, one handle) it can be mapped again elsewhere.
+    pub(crate) fn is_pinned_page(&self, p: usize) -> bool {
+        self.st[p].head == p as u32 && self.st[p].len == 1 && self.st[p].refs > 0
     }
 
     /// Every page under `offset..offset+len` is mapped.
     pub(crate) fn covers(&self, offset: u64, len: u64) -> bool {
-        self.pages_of(offset, len).all(|p| self.mapped[p])
+        self.pages_of(offset, len).all(|p| self.st[p].head != UNMAPPED)
     }
 
-    /// Bytes of the pages under `offset..offset+len` that no live block touches yet: what a
-    /// block placed there would newly pin (memory that could otherwise go back).
+    /// Bytes that a block at `offset..offset+len` would newly pin: its unmapped pages, and the
+    /// whole of every handle under it that no live block touches yet (memory that could
+    /// otherwise go back).
     pub(crate) fn unpinned_bytes(&self, offset: u64, len: u64) -> u64 {
-        self.pages_of(offset, len).filter(|&p| self.refs[p] == 0).count() as u64 * self.page
+        let mut pages = 0u64;
+        let mut last = UNMAPPED;
+        for p in self.pages_of(offset, len) {
+            let h = self.st[p].head;
+            if h == UNMAPPED {
+                pages += 1;
+            } else if h != last && !self.is_live(h) {
+                pages += u64::from(self.st[h as usize].len);
+            }
+            last = h;
+        }
+        pages * self.page
     }
 
     /// Runs `(offset, len)` of unmapped pages that a block at `offset..offset+len` needs.
     pub(crate) fn unmapped_runs(&self, offset: u64, len: u64) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for p in self.pages_of(offset, len) {
-            if !self.mapped[p] {
+            if self.st[p].head == UNMAPPED {
                 let start = p as u64 * self.page;
                 match runs.last_mut() {
                     Some((s, l)) if *s + *l == start => *l += self.page,
@@ -92,70 +131,195 @@ impl PageMap {
         runs
     }
 
-    /// Records pages `offset..offset+len` as mapped (all of them unused so far).
-    pub(crate) fn mark_mapped(&mut self, offset: u64, len: u64) {
-        for p in self.pages_of(offset, len) {
-            if !self.mapped[p] {
-                self.mapped[p] = true;
-                self.mapped_bytes += self.page;
-                if self.refs[p] == 0 {
-                    self.unused_mapped_bytes += self.page;
-                }
+    /// Records pages `offset..offset+len` as mapped in handles of `handle` bytes each (a
+    /// multiple of the page dividing `len`), none of them used so far. The live blocks already
+    /// over those pages (none, where the caller maps what a new block needs) count.
+    pub(crate) fn mark_mapped(&mut self, offset: u64, len: u64, handle: u64) {
+        debug_assert!(handle % self.page == 0 && len % handle == 0, "handles of whole pages");
+        let per = (handle / self.page) as usize;
+        self.larger_handles |= per > 1;
+        let range = self.pages_of(offset, len);
+        for first in range.clone().step_by(per.max(1)) {
+            let h = first as u32;
+            let pages = first..(first + per).min(range.end);
+            debug_assert!(pages.clone().all(|p| self.st[p].head == UNMAPPED), "mapped twice");
+            let live = pages.clone().filter(|&p| self.st[p].refs > 0).count() as u32;
+            for p in pages.clone() {
+                // `len` is kept at the first page only: 0 elsewhere, so that 1 means a page
+                // that is a handle of its own.
+                self.st[p].head = h;
+                self.st[p].len = 0;
+            }
+            self.st[first].len = pages.len() as u32;
+            self.st[first].live = live;
+            let bytes = pages.len() as u64 * self.page;
+            self.mapped_bytes += bytes;
+            if live == 0 {
+                self.unused_mapped_bytes += bytes;
             }
         }
     }
 
     /// A live block now covers `offset..offset+len` (its pages are mapped). Returns the bytes
-    /// of pages it pinned (no live block touched them before).
+    /// of the handles it pinned (no live block touched them before). Cost: a counter per page,
+    /// and a second per page no live block touched.
+    #[inline]
     pub(crate) fn acquire(&mut self, offset: u64, len: u64) -> u64 {
-        let mut pinned = 0;
-        for p in self.pages_of(offset, len) {
-            debug_assert!(self.mapped[p], "a live block on an unmapped page");
-            if self.refs[p] == 0 {
-                self.unused_mapped_bytes -= self.page;
-                pinned += self.page;
-            }
-            self.refs[p] += 1;
+        let range = self.pages_of(offset, len);
+        let mut now_touched = 0u64;
+        for pg in &mut self.st[range.clone()] {
+            debug_assert!(pg.head != UNMAPPED, "a live block on an unmapped page");
+            pg.refs += 1;
+            now_touched += u64::from(pg.refs == 1);
         }
+        // Where every handle is a page (a slab backed page by page), each page a live block
+        // now touches is a handle pinned; larger handles are counted in their handle (cold).
+        let pinned = if self.larger_handles {
+            self.handles_touched(range, 1)
+        } else {
+            now_touched * self.page
+        };
+        self.unused_mapped_bytes -= pinned;
         pinned
     }
 
-    /// The live block at `offset..offset+len` is gone. Returns the bytes of pages no live block
-    /// touches any more.
+    /// The live block at `offset..offset+len` is gone. Returns the bytes of the handles no
+    /// live block touches any more.
+    #[inline]
     pub(crate) fn release(&mut self, offset: u64, len: u64) -> u64 {
-        let mut unpinned = 0;
-        for p in self.pages_of(offset, len) {
-            self.refs[p] -= 1;
-            if self.refs[p] == 0 {
-                unpinned += self.page;
-                if self.mapped[p] {
-                    self.unused_mapped_bytes += self.page;
-                }
-            }
+        let range = self.pages_of(offset, len);
+        let mut untouched = 0u64;
+        for pg in &mut self.st[range.clone()] {
+            pg.refs -= 1;
+            untouched += u64::from(pg.refs == 0);
         }
+        let unpinned = if self.larger_handles {
+            self.handles_touched(range, -1)
+        } else {
+            untouched * self.page
+        };
+        self.unused_mapped_bytes += unpinned;
         unpinned
     }
 
-    /// Runs of mapped pages no live block touches, to unmap; marks them unmapped. Stops once
-    /// `want` bytes are found.
+    /// After [`acquire`](Self::acquire) (`by` 1) or [`release`](Self::release) (-1) over
+    /// `range`, where some handle is larger than a page: counts the pages that live blocks now
+    /// touch (or no longer do) in their handles; returns the bytes of the handles that became
+    /// pinned (or free).
+    #[cold]
+    #[inline(never)]
+    fn handles_touched(&mut self, range: std::ops::Range<usize>, by: i32) -> u64 {
+        let changed = u32::from(by > 0);
+        let mut bytes = 0;
+        for p in range {
+            let pg = self.st[p];
+            if pg.refs == changed {
+                bytes += if pg.len == 1 {
+                    self.page
+                } else {
+                    self.handle_touched(pg.head, by)
+                };
+            }
+        }
+        bytes
+    }
+
+    /// One more (`by` 1) or one fewer (-1) page of handle `h` (of more than one page) is
+    /// touched by live blocks; returns the handle's bytes when that pinned or freed it, else 0.
+    fn handle_touched(&mut self, h: u32, by: i32) -> u64 {
+        let hd = &mut self.st[h as usize];
+        let was = hd.live;
+        hd.live = hd.live.wrapping_add_signed(by);
+        if (was == 0) != (hd.live == 0) {
+            u64::from(hd.len) * self.page
+        } else {
+            0
+        }
+    }
+
+    /// A live block touches handle `h`.
+    fn is_live(&self, h: u32) -> bool {
+        let hd = &self.st[h as usize];
+        if hd.len == 1 { hd.refs > 0 } else { hd.live > 0 }
+    }
+
+    /// Some mapped handle has no live block: a quick test before a walk.
+    #[inline]
+    pub(crate) fn has_idle_handles(&self) -> bool {
+        self.unused_mapped_bytes > 0
+    }
+
+    /// The first pages of the handles of more than one page that no live block touches,
+    /// under `offset..offset+len` and reaching past the pages that range covers: a block
+    /// placed there would pin all of them for part of their memory.
+    fn overhanging_idle(&self, offset: u64, len: u64) -> impl Iterator<Item = usize> + '_ {
+        let span = self.pages_of(offset, len);
+        let mut last = UNMAPPED;
+        span.clone().filter_map(move |p| {
+            let h = self.st[p].head;
+            if h == UNMAPPED || h == last {
+                return None;
+            }
+            last = h;
+            let hd = &self.st[h as usize];
+            let (first, n) = (h as usize, hd.len as usize);
+            (n > 1 && hd.live == 0 && (first < span.start || first + n > span.end)).then_some(first)
+        })
+    }
+
+    /// Some idle handle would be pinned in part by a block at `offset..offset+len`.
+    pub(crate) fn overhangs_idle(&self, offset: u64, len: u64) -> bool {
+        self.has_idle_handles() && self.overhanging_idle(offset, len).next().is_some()
+    }
+
+    /// Takes back the idle handles a block at `offset..offset+len` would pin in part
+    /// ([`overhangs_idle`](Self::overhangs_idle)): marks them unmapped and returns them as
+    /// `(offset, len)`.
+    pub(crate) fn take_unused_overhanging(&mut self, offset: u64, len: u64) -> Vec<(u64, u64)> {
+        let firsts: Vec<usize> = self.overhanging_idle(offset, len).collect();
+        let mut taken = Vec::with_capacity(firsts.len());
+        for first in firsts {
+            let n = self.st[first].len as usize;
+            for q in first..first + n {
+                self.st[q].head = UNMAPPED;
+            }
+            let bytes = n as u64 * self.page;
+            self.mapped_bytes -= bytes;
+            self.unused_mapped_bytes -= bytes;
+            taken.push((first as u64 * self.page, bytes));
+        }
+        taken
+    }
+
+    /// Runs of whole handles no live block touches, to unmap; marks them unmapped. Stops once
+    /// `want` bytes are found (the last handle may pass it).
     pub(crate) fn take_unused_runs(&mut self, want: u64) -> Vec<(u64, u64)> {
         let mut runs: Vec<(u64, u64)> = Vec::new();
         let mut found = 0;
-        for p in 0..self.refs.len() {
-            if found >= want {
-                break;
+        let mut p = 0;
+        while p < self.st.len() && found < want {
+            let h = self.st[p].head;
+            if h == UNMAPPED {
+                p += 1;
+                continue;
             }
-            if self.mapped[p] && self.refs[p] == 0 {
-                self.mapped[p] = false;
-                self.mapped_bytes -= self.page;
-                self.unused_mapped_bytes -= self.page;
-                found += self.page;
+            let n = self.st[p].len as usize;
+            debug_assert_eq!(h as usize, p, "a handle is walked from its first page");
+            if !self.is_live(p as u32) {
+                for q in p..p + n {
+                    self.st[q].head = UNMAPPED;
+                }
+                let bytes = n as u64 * self.page;
+                self.mapped_bytes -= bytes;
+                self.unused_mapped_bytes -= bytes;
+                found += bytes;
                 let start = p as u64 * self.page;
                 match runs.last_mut() {
-                    Some((s, l)) if *s + *l == start => *l += self.page,
-                    _ => runs.push((start, self.page)),
+                    Some((s, l)) if *s + *l == start => *l += bytes,
+                    _ => runs.push((start, bytes)),
                 }
             }
+            p += n;
         }
         runs
     }
@@ -169,7 +333,7 @@ mod tests {
     fn pages_follow_live_blocks() {
         let mut m = PageMap::new(8 << 20, 2 << 20);
         assert_eq!(m.unmapped_runs(1 << 20, 3 << 20), vec![(0, 4 << 20)]);
-        m.mark_mapped(0, 8 << 20);
+        m.mark_mapped(0, 8 << 20, 2 << 20);
         assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (8 << 20, 8 << 20));
         m.acquire(1 << 20, 3 << 20); // pages 0 and 1
         m.acquire(3 << 20, 1 << 20); // page 1
@@ -180,5 +344,65 @@ mod tests {
         assert_eq!(runs, vec![(0, 2 << 20), (4 << 20, 4 << 20)]);
         assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (2 << 20, 0));
         assert_eq!(m.unmapped_runs(0, 6 << 20), vec![(0, 2 << 20), (4 << 20, 2 << 20)]);
+    }
+
+    /// A handle of three pages goes back whole, only once no live block touches any of them;
+    /// a block on one of its pages pins all three.
+    #[test]
+    fn a_handle_of_pages_is_pinned_and_released_whole() {
+        const P: u64 = 2 << 20;
+        let mut m = PageMap::new(8 * P, P);
+        m.mark_mapped(0, 3 * P, 3 * P);
+        m.mark_mapped(3 * P, P, P);
+        assert_eq!(m.unmapped_runs(0, 8 * P), vec![(4 * P, 4 * P)]);
+        assert_eq!(m.unpinned_bytes(P, 1), 3 * P, "one byte on the handle pins all of it");
+        assert_eq!(
+            m.unpinned_bytes(2 * P, 3 * P),
+            5 * P,
+            "the handle, the page, an unmapped page"
+        );
+        assert_eq!(m.acquire(P, 1), 3 * P);
+        assert_eq!(
+            m.acquire(2 * P, 2 * P),
+            P,
+            "the handle was pinned already; the page is new"
+        );
+        assert_eq!(m.unpinned_bytes(0, 3 * P), 0);
+        assert!(
+            !m.is_pinned_page(1),
+            "a page of a larger handle cannot be mapped on its own"
+        );
+        assert!(m.is_pinned_page(3));
+        assert_eq!(m.release(P, 1), 0, "another block still touches the handle");
+        assert_eq!(m.take_unused_runs(u64::MAX), vec![], "nothing is wholly unused");
+        assert_eq!(m.release(2 * P, 2 * P), 4 * P);
+        assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (4 * P, 4 * P));
+        assert_eq!(
+            m.take_unused_runs(1),
+            vec![(0, 3 * P)],
+            "a whole handle, past what was asked"
+        );
+        assert_eq!(m.take_unused_runs(u64::MAX), vec![(3 * P, P)]);
+        assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (0, 0));
+    }
+
+    /// An idle handle that a block would cover only part of is taken back; one inside the
+    /// block's pages, or one a live block holds, stays.
+    #[test]
+    fn overhanging_idle_handles_are_taken_back() {
+        const P: u64 = 2 << 20;
+        let mut m = PageMap::new(12 * P, P);
+        m.mark_mapped(0, 4 * P, 4 * P); // pages 0-3
+        m.mark_mapped(4 * P, 2 * P, 2 * P); // pages 4-5
+        m.mark_mapped(6 * P, 4 * P, 4 * P); // pages 6-9
+        m.acquire(9 * P, 1); // a live block on the last handle
+        // A block on pages 3..6 (a byte into page 3 to the middle of page 5).
+        let taken = m.take_unused_overhanging(3 * P + 1, 2 * P + 100);
+        assert_eq!(taken, vec![(0, 4 * P)], "pages 0-3 overhang; 4-5 lie inside the block");
+        assert!(!m.overhangs_idle(7 * P, P));
+        assert_eq!(m.take_unused_overhanging(7 * P, P), vec![], "pages 6-9 are held");
+        assert!(m.overhangs_idle(5 * P, 2 * P), "pages 4-5 reach before page 5");
+        assert_eq!(m.mapped_bytes, 6 * P);
+        assert_eq!(m.unused_mapped_bytes, 2 * P);
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use adaptalloc::device::{CostModel, Device, DevicePtr};
 use adaptalloc::policy::Policy;
 use adaptalloc::size::{MIB, align_up};
-use adaptalloc::strategy::{CachingConfig, SuballocConfig};
+use adaptalloc::strategy::{CachingConfig, SlabBacking, SuballocConfig};
 use adaptalloc::{Allocator, AllocatorConfig, SimDevice, StrategyConfig};
 
 /// An allocator set-up: one strategy, or the policy engine.
@@ -20,12 +20,18 @@ pub enum Setup {
     Policy(Box<Policy>),
 }
 
-/// Every set-up the conformance suite runs against: each strategy (suballoc with whole slabs
-/// and with page-backed slabs), and the policy engine with its default and a tight policy.
+/// Every set-up the conformance suite runs against: each strategy (suballoc with whole slabs,
+/// page-backed slabs and handles shaped to blocks), and the policy engine with its default, a
+/// tight policy, and a tight one on handles shaped to blocks.
 pub fn all_configs() -> Vec<(&'static str, Setup)> {
     let mut tight = Policy::default();
     tight.bounds.tight_below = adaptalloc::policy::SizeOrFraction::Fraction(1.0);
     tight.routing.interval_ops = 64;
+    // Handles shaped to blocks, with a strand budget of nothing: every placement that would
+    // pin an idle handle in part gives it back first.
+    let mut blocks = tight.clone();
+    blocks.suballoc.backing = SlabBacking::Blocks;
+    blocks.bounds.strand_share = 0.0;
     vec![
         ("passthrough", Setup::Strategy(StrategyConfig::Passthrough)),
         (
@@ -59,8 +65,18 @@ pub fn all_configs() -> Vec<(&'static str, Setup)> {
                 ..Default::default()
             })),
         ),
+        (
+            "suballoc-blocks",
+            Setup::Strategy(StrategyConfig::Suballoc(SuballocConfig {
+                page_release: true,
+                backing: SlabBacking::Blocks,
+                max_empty_bytes: 32 * MIB,
+                ..Default::default()
+            })),
+        ),
         ("adaptive", Setup::Policy(Box::default())),
-        ("adaptive-tight", Setup::Policy(Box::new(tight))),
+        ("adaptive-tight", Setup::Policy(Box::new(tight.clone()))),
+        ("adaptive-tight-blocks", Setup::Policy(Box::new(blocks))),
     ]
 }
 

@@ -10,6 +10,7 @@
 
 mod accounting;
 mod freelists;
+mod guard;
 mod paging;
 mod slabs;
 mod splice;
@@ -25,7 +26,7 @@ use super::{BlockMeta, Grant, StreamId};
 use crate::device::{Device, DevicePtr, Granularity, VirtualMemory};
 use crate::error::DeviceError;
 use crate::hash::FastMap;
-use crate::size::{ALIGNMENT, GIB, MIB, round_up};
+use crate::size::{ALIGNMENT, GIB, MIB};
 
 /// How a new slab is backed by the device. Pages give back free memory inside a slab in use a
 /// page at a time (nothing strands), but the driver's cost goes with the number of physical
@@ -34,7 +35,8 @@ use crate::size::{ALIGNMENT, GIB, MIB, round_up};
 /// time; a whole slab is one driver allocation that goes back only when empty. `Auto` chooses
 /// per slab: one handle where the strand guard's budget left covers the whole slab, handles of
 /// up to 64 MiB while free memory stays above the tight threshold with the slab mapped, pages
-/// otherwise. In policy files `suballoc.backing = "pages" | "auto" | "large-handles" | "whole"`.
+/// otherwise. `Blocks` shapes handles to blocks as they are placed. In policy files
+/// `suballoc.backing = "pages" | "auto" | "large-handles" | "blocks" | "whole"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SlabBacking {
@@ -49,6 +51,10 @@ pub enum SlabBacking {
     LargeHandles,
     /// One driver allocation.
     Whole,
+    /// A handle shaped to each block as it is placed: a block of half a page or more gets one
+    /// handle for the pages it needs that are not mapped yet, a smaller block a page. A handle
+    /// goes back whole once no live block touches it.
+    Blocks,
 }
 
 /// Settings of the suballocator.
@@ -254,6 +260,7 @@ impl Suballoc {
         self.place(dev, bytes, stream, true)
     }
 
+    #[inline]
     fn place(
         &mut self,
         dev: &dyn Device,
@@ -272,7 +279,12 @@ impl Suballoc {
         if let Some(budget) = self.strand_budget.filter(|_| guarded)
             && self.strands_over(dev, found, pad, bytes, footprint, budget)
         {
-            return Ok(None);
+            // Refused, unless (`SlabBacking::Blocks`) giving back the idle handles the block
+            // would pin in part brings it within the budget.
+            let reshaped = found.is_some_and(|idx| self.reshape(dev, idx, pad, bytes));
+            if !reshaped || self.strands_over(dev, found, pad, bytes, footprint, budget) {
+                return Ok(None);
+            }
         }
         let (idx, mut hit, pad) = match found {
             Some(idx) => (idx, true, pad),
@@ -281,8 +293,15 @@ impl Suballoc {
                 (idx, false, self.own_slab_pad(idx, bytes))
             }
         };
-        if self.map_for(dev, idx, pad, bytes)? {
-            hit = false;
+        match self.map_for(dev, idx, pad, bytes) {
+            Ok(mapped) => hit &= !mapped,
+            Err(e) => {
+                if !hit {
+                    // A new slab with nothing mapped (`SlabBacking::Blocks`): not kept.
+                    let _ = self.release_slab(dev, self.nodes[idx].slab);
+                }
+                return Err(e);
+            }
         }
         let (idx, ptr) = self.take(idx, pad, bytes, footprint);
         Ok(Some(Grant {
@@ -291,38 +310,6 @@ impl Suballoc {
             hit,
             meta: BlockMeta::Sub { node: idx },
         }))
-    }
-
-    /// The guard's test: a block of `bytes` placed `pad` into free node `found` (a new slab
-    /// when None) pins more than its driver `footprint` and leaves the slabs stranding more
-    /// than `budget`. Decided without looking at pages when even the most the block could pin
-    /// (its pages, one more at each end) stays within the budget: the common case with room.
-    fn strands_over(
-        &self,
-        dev: &dyn Device,
-        found: Option<u32>,
-        pad: u64,
-        bytes: u64,
-        footprint: u64,
-        budget: u64,
-    ) -> bool {
-        let granule = self.model.map_or_else(|| dev.granularity(), |m| m.large_granule);
-        let worst = bytes + 2 * granule;
-        let (pinned_now, consumed_now) = (self.acct.pinned(), self.acct.consumed());
-        if pinned_now + worst <= consumed_now + footprint + budget {
-            return false;
-        }
-        let pinned = match found {
-            Some(idx) => self.pins(idx, pad, bytes),
-            None => match self.vmm_for_new(dev) {
-                Some(vmm) => round_up(
-                    bytes,
-                    self.handle_for(vmm.page_size(), round_up(bytes, vmm.page_size())),
-                ),
-                None => round_up(bytes, dev.granularity().max(ALIGNMENT)),
-            },
-        };
-        pinned > footprint && (pinned_now + pinned).saturating_sub(consumed_now + footprint) > budget
     }
 
     /// What a driver allocation of `bytes` would consume (the device's footprint model, read
@@ -339,84 +326,10 @@ impl Suballoc {
             .filter(|v| self.config.page_release && v.page_size().is_power_of_two())
     }
 
-    /// Bytes a block of `bytes` placed `pad` bytes into free node `idx` would newly pin.
-    #[inline]
-    fn pins(&self, idx: u32, pad: u64, bytes: u64) -> u64 {
-        let n = &self.nodes[idx];
-        let slab = &self.slabs[n.slab];
-        match self.pages.get(n.slab as usize) {
-            Some(Some(pm)) => pm.unpinned_bytes(n.addr + pad - slab.base, bytes),
-            _ if slab.used == 0 => slab.size,
-            _ => 0,
-        }
-    }
-
-    /// Sets the strand guard's budget (None: no guard). See [`allocate_guarded`](Self::allocate_guarded).
-    pub fn set_strand_budget(&mut self, budget: Option<u64>) {
-        self.strand_budget = budget;
-    }
-
     /// The device's virtual memory when new slabs are backed by it.
     pub(super) fn vmm_for_new<'d>(&self, dev: &'d dyn Device) -> Option<&'d dyn VirtualMemory> {
         self.paged_vmm(dev)
             .filter(|_| self.config.backing != SlabBacking::Whole)
-    }
-
-    /// Bytes pinned by live blocks over what the driver would consume for them, or 0 when the
-    /// blocks share pages well enough to hold less.
-    pub fn stranded_bytes(&self) -> u64 {
-        self.acct.pinned().saturating_sub(self.acct.consumed())
-    }
-
-    /// Serves `bytes` from free slab space only (no driver call), or None. The last resort on
-    /// out-of-memory and the first choice under memory pressure: a scan of every usable free
-    /// block, O(blocks). In a paged slab only a block whose pages are all mapped qualifies
-    /// (mapping more would be a driver call, and handing out unmapped memory a fault on the GPU).
-    ///
-    /// Among the holes that fit, it takes the one that pins the least memory that could
-    /// otherwise go back (pages no live block touches, or a whole empty slab), then the
-    /// smallest. When `strict`, a hole that would pin more than the driver's own allocation of
-    /// the block would consume is refused: under pressure a small block that pins a fresh 2 MiB
-    /// page holds more than the driver (which packs small allocations) would.
-    #[cold]
-    pub fn allocate_existing(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId, strict: bool) -> Option<Grant> {
-        let footprint = self.footprint(dev, bytes);
-
-        // Memory a placement at the hole's start would newly pin; None when its pages are not
-        // mapped, or (strict) when it pins more than a driver allocation would consume.
-        let cost = |i: u32, n: &Node| {
-            let pad = self.page_pad(i, bytes);
-            if let Some(Some(pm)) = self.pages.get(n.slab as usize)
-                && !pm.covers(n.addr + pad - self.slabs[n.slab].base, bytes)
-            {
-                return None;
-            }
-            let pinned = self.pins(i, pad, bytes);
-            (!strict || pinned <= footprint).then_some((pinned, pad))
-        };
-        let mut best: Option<((u64, u64), u32, u64)> = None;
-        for slab_head in self.slabs_heads() {
-            let mut i = slab_head;
-            while i != NIL {
-                let n = self.nodes[i];
-                if self.free_for(&n, stream)
-                    && n.size >= bytes
-                    && let Some((pinned, pad)) = cost(i, &n)
-                    && best.is_none_or(|(c, _, _)| (pinned, n.size) < c)
-                {
-                    best = Some(((pinned, n.size), i, pad));
-                }
-                i = n.phys_next;
-            }
-        }
-        let (_, idx, pad) = best?;
-        let (idx, ptr) = self.take(idx, pad, bytes, footprint);
-        Some(Grant {
-            ptr,
-            block_bytes: bytes,
-            hit: true,
-            meta: BlockMeta::Sub { node: idx },
-        })
     }
 
     /// Node `n` is free space that `stream` may use: free, and not held for another stream

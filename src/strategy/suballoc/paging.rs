@@ -5,7 +5,7 @@ use crate::device::Device;
 use crate::error::DeviceError;
 use crate::size::round_up;
 
-use super::Suballoc;
+use super::{SlabBacking, Suballoc};
 
 impl Suballoc {
     /// Where in free node `idx` a block of `bytes` should start, as an offset from the node's
@@ -75,25 +75,71 @@ impl Suballoc {
         if self.next_at_end { n.size - bytes } else { 0 }
     }
 
+    /// Under `SlabBacking::Blocks`: gives back the idle handles of more than one page that a
+    /// block of `bytes` placed `pad` bytes into free node `idx` would cover only in part, so
+    /// that the block pins no more than its own pages ([`map_for`](Self::map_for) then maps
+    /// handles shaped to it). Leaves them when the device cannot quiesce.
+    /// Returns whether it gave any back.
+    #[cold]
+    pub(super) fn reshape(&mut self, dev: &dyn Device, idx: u32, pad: u64, bytes: u64) -> bool {
+        if self.config.backing != SlabBacking::Blocks {
+            return false;
+        }
+        let n = self.nodes[idx];
+        let slab = self.slabs[n.slab];
+        let start = n.addr + pad - slab.base;
+        let Some(Some(pm)) = self.pages.get(n.slab as usize) else {
+            return false;
+        };
+        if !pm.overhangs_idle(start, bytes) || !self.quiesce(dev) {
+            return false;
+        }
+        let vmm = dev.vmm().expect("a paged slab's device has vmm");
+        let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else {
+            return false;
+        };
+        for (off, len) in pm.take_unused_overhanging(start, bytes) {
+            if let Err(e) = vmm.unmap(slab.base + off, len) {
+                tracing::error!(ptr = slab.base + off, error = %e, "unmap failed; pages forgotten");
+            }
+            self.acct.given_back(slab.pool, len);
+        }
+        true
+    }
+
     /// Maps the pages a block of `bytes` placed `pad` bytes into free node `idx` needs; true
     /// when it made driver calls. Fails (changing nothing) when the device cannot back them.
+    /// Cost: one compare where the slab is wholly mapped (the common case); the rest is cold.
+    #[inline]
     pub(super) fn map_for(&mut self, dev: &dyn Device, idx: u32, pad: u64, bytes: u64) -> Result<bool, DeviceError> {
+        match self.pages.get(self.nodes[idx].slab as usize) {
+            Some(Some(pm)) if !pm.all_mapped() => self.map_unmapped(dev, idx, pad, bytes),
+            _ => Ok(false),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn map_unmapped(&mut self, dev: &dyn Device, idx: u32, pad: u64, bytes: u64) -> Result<bool, DeviceError> {
         let n = self.nodes[idx];
         let slab = self.slabs[n.slab];
         let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else {
             return Ok(false);
         };
-        if pm.all_mapped() {
-            return Ok(false);
-        }
         let runs = pm.unmapped_runs(n.addr + pad - slab.base, bytes);
         if runs.is_empty() {
             return Ok(false);
         }
         let vmm = dev.vmm().expect("a paged slab's device has vmm");
-        let handle = pm.page_size();
+        let page = pm.page_size();
+        let pieces = if self.config.backing == SlabBacking::Blocks {
+            let start = n.addr + pad - slab.base;
+            shaped(&runs, start, start + bytes, page)
+        } else {
+            runs.iter().map(|&(off, len)| (off, len, page)).collect()
+        };
         let mut done: Vec<(u64, u64)> = Vec::new();
-        for &(off, len) in &runs {
+        for &(off, len, handle) in &pieces {
             if let Err(e) = vmm.map_handles(slab.base + off, len, handle) {
                 for &(o, l) in &done {
                     let _ = vmm.unmap(slab.base + o, l);
@@ -103,8 +149,8 @@ impl Suballoc {
             done.push((off, len));
         }
         let mut added = 0;
-        for (off, len) in runs {
-            pm.mark_mapped(off, len);
+        for (off, len, handle) in pieces {
+            pm.mark_mapped(off, len, handle);
             added += len;
         }
         self.acct.held(slab.pool, added);
@@ -180,4 +226,24 @@ impl Suballoc {
         }
         released
     }
+}
+
+/// Under `SlabBacking::Blocks`, how unmapped `runs` under a block at `start..end` are backed,
+/// as `(offset, len, handle)`: the pages the block covers whole in one handle per run, the
+/// pages it shares at its ends (with blocks that may outlive it) one handle each, so that a
+/// handle held by a neighbour pins one page, not the block's.
+fn shaped(runs: &[(u64, u64)], start: u64, end: u64, page: u64) -> Vec<(u64, u64, u64)> {
+    let (inner_start, inner_end) = (round_up(start, page), end / page * page);
+    let mut pieces = Vec::with_capacity(runs.len() + 2);
+    for &(off, len) in runs {
+        let run_end = off + len;
+        let a = inner_start.clamp(off, run_end);
+        let b = inner_end.clamp(a, run_end);
+        for (o, l, whole) in [(off, a - off, false), (a, b - a, true), (b, run_end - b, false)] {
+            if l > 0 {
+                pieces.push((o, l, if whole { l } else { page }));
+            }
+        }
+    }
+    pieces
 }

@@ -34,7 +34,8 @@ impl Suballoc {
                 }
             }
             SlabBacking::LargeHandles if size / 8 >= page => (1u64 << (63 - (size / 8).leading_zeros())).max(page),
-            _ => page,
+            // Handles are shaped to blocks as they are placed (`map_for`); the unit is the page.
+            SlabBacking::Blocks | SlabBacking::LargeHandles | SlabBacking::Pages | SlabBacking::Whole => page,
         }
     }
 
@@ -72,29 +73,38 @@ impl Suballoc {
                 let mut handle = self.handle_for(page, round_up(preferred, page));
                 let preferred = round_up(preferred, handle);
                 let base = vmm.reserve(preferred)?;
-                let mut mapped = vmm.map_handles(base, preferred, handle).map(|()| preferred);
-                if handle > page && mapped.as_ref().is_err_and(|e| e.is_out_of_memory()) {
-                    // No room for one large handle: pages, as many as fit.
-                    handle = page;
-                    mapped = vmm.map_handles(base, preferred, handle).map(|()| preferred);
-                }
-                let exact = round_up(bytes, handle);
-                let mut pm = PageMap::new(preferred, handle);
-                let mapped = match mapped {
-                    Ok(m) => m,
-                    Err(e) if e.is_out_of_memory() && preferred > exact => match vmm.map_handles(base, exact, handle) {
-                        Ok(()) => exact,
+                let (pm, mapped) = if self.config.backing == SlabBacking::Blocks {
+                    // Nothing yet: the request's pages are mapped in handles shaped to it
+                    // (`map_for`), the rest as later blocks land there.
+                    (PageMap::new(preferred, page), 0)
+                } else {
+                    let mut mapped = vmm.map_handles(base, preferred, handle).map(|()| preferred);
+                    if handle > page && mapped.as_ref().is_err_and(|e| e.is_out_of_memory()) {
+                        // No room for one large handle: pages, as many as fit.
+                        handle = page;
+                        mapped = vmm.map_handles(base, preferred, handle).map(|()| preferred);
+                    }
+                    let exact = round_up(bytes, handle);
+                    let mapped = match mapped {
+                        Ok(m) => m,
+                        Err(e) if e.is_out_of_memory() && preferred > exact => {
+                            match vmm.map_handles(base, exact, handle) {
+                                Ok(()) => exact,
+                                Err(e) => {
+                                    let _ = vmm.unreserve(base);
+                                    return Err(e);
+                                }
+                            }
+                        }
                         Err(e) => {
                             let _ = vmm.unreserve(base);
                             return Err(e);
                         }
-                    },
-                    Err(e) => {
-                        let _ = vmm.unreserve(base);
-                        return Err(e);
-                    }
+                    };
+                    (PageMap::new(preferred, handle), mapped)
                 };
-                pm.mark_mapped(0, mapped);
+                let mut pm = pm;
+                pm.mark_mapped(0, mapped, handle);
                 (base, preferred, Some(pm))
             }
             None => match dev.allocate(preferred) {

@@ -156,8 +156,9 @@ impl Suballoc {
             if n.slab == NIL || !self.free_for(n, stream) {
                 continue;
             }
-            // Only slabs backed by device pages: a page of a larger handle cannot be mapped
-            // again on its own (cuMemMap maps whole handles from offset 0).
+            // Only slabs backed by device pages, and only pages that are handles of their own
+            // (`is_pinned_page`): a page of a larger handle cannot be mapped again on its own
+            // (cuMemMap maps whole handles from offset 0).
             let Some(Some(pm)) = self
                 .pages
                 .get(n.slab as usize)
@@ -169,7 +170,7 @@ impl Suballoc {
             let (start, end) = (n.addr - slab_base, n.addr - slab_base + n.size);
             // The page the node starts in, if the node runs to its end: a free tail.
             let first = (start / page) as usize;
-            if start % page != 0 && end >= (first as u64 + 1) * page && pm.is_pinned(first) {
+            if start % page != 0 && end >= (first as u64 + 1) * page && pm.is_pinned_page(first) {
                 let len = (first as u64 + 1) * page - start;
                 if tail.is_none_or(|t| len > t.len) {
                     tail = Some(End {
@@ -181,7 +182,7 @@ impl Suballoc {
             }
             // The page the node ends in, if the node starts at or before its start: a free head.
             let last = (end / page) as usize;
-            if end % page != 0 && start <= last as u64 * page && last < pm.page_count() && pm.is_pinned(last) {
+            if end % page != 0 && start <= last as u64 * page && last < pm.page_count() && pm.is_pinned_page(last) {
                 let len = end - last as u64 * page;
                 if head.is_none_or(|h| len > h.len) {
                     head = Some(End {

@@ -168,3 +168,54 @@ fn slabs_are_backed_as_the_engine_says() {
         churn(&dev, config, seed, 3000);
     }
 }
+
+/// Under `SlabBacking::Blocks` a block gets one handle for the pages it covers whole and a page
+/// for each one it may share. An idle handle that a later, smaller block would cover only in
+/// part is pinned whole while the strand guard has room, and given back first (the block then
+/// gets handles of its own) when the guard has none.
+#[test]
+fn blocks_get_handles_shaped_to_them() {
+    let config = SuballocConfig {
+        page_release: true,
+        backing: SlabBacking::Blocks,
+        min_slab: 64 * MIB,
+        max_empty_bytes: u64::MAX,
+        ..SuballocConfig::default()
+    };
+    for guard in [None, Some(0)] {
+        let dev = SimDevice::new(GIB);
+        let mut sub = Suballoc::new(config);
+        sub.set_strand_budget(guard);
+        let a = sub.allocate(&dev, 9 * MIB, 0).unwrap();
+        let ops = dev.stats().ops;
+        assert_eq!(ops.create.calls, 2, "an 8 MiB handle and the page it may share");
+        assert_eq!(
+            dev.used_bytes(),
+            10 * MIB,
+            "nothing of the slab's 64 MiB beyond the block"
+        );
+        sub.deallocate(&dev, a.meta, 0, 1);
+        let b = sub.allocate_guarded(&dev, 3 * MIB, 0).unwrap().expect("placed");
+        let ops = dev.stats().ops;
+        match guard {
+            None => {
+                assert_eq!((ops.create.calls, ops.unmap.calls), (2, 0), "pinned whole");
+                assert_eq!(sub.stranded_bytes(), 8 * MIB - 4 * MIB);
+            }
+            Some(_) => {
+                assert_eq!(ops.unmap.calls, 1, "the 8 MiB handle went back");
+                assert_eq!(ops.create.calls, 4, "a handle of one whole page, and the shared one");
+                assert_eq!(dev.used_bytes(), 6 * MIB);
+                assert_eq!(sub.stranded_bytes(), 0);
+            }
+        }
+        sub.deallocate(&dev, b.meta, 0, 2);
+        sub.release_empty_slabs(&dev, 0);
+        assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0), "{guard:?}");
+    }
+    // Random churn on a tight device (out-of-memory, release, splicing of single pages).
+    for seed in 0..4 {
+        let dev = SimDevice::new(48 * MIB);
+        churn(&dev, config, seed, 3000);
+    }
+}
