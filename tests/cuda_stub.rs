@@ -131,6 +131,14 @@ fn child() {
     vmm.map_handles(h, 16 * PAGE, 4 * PAGE).unwrap();
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY - 16 * PAGE);
     assert!(vmm.map_handles(h, 4 * PAGE, 3 * PAGE).is_err(), "off the granule");
+    // A larger handle is mapped a second time whole (cuMemMap takes a whole handle), never in
+    // part; the memory counts once.
+    let alias = vmm.reserve(4 * PAGE).unwrap();
+    assert!(vmm.map_alias(alias, h, PAGE).is_err(), "part of a handle");
+    vmm.map_alias(alias, h, 4 * PAGE).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY - 16 * PAGE);
+    vmm.unmap_alias(alias, 4 * PAGE).unwrap();
+    vmm.unreserve(alias).unwrap();
     vmm.unmap(h + 4 * PAGE, 8 * PAGE).unwrap();
     assert_eq!(
         dev.mem_info().unwrap().free,

@@ -39,6 +39,33 @@ fn a_page_mapped_twice_is_memory_once_and_goes_back_with_its_last_mapping() {
     assert_eq!(dev.leak_report().blocks, 0);
 }
 
+/// A handle larger than a page is mapped again whole, never in part (cuMemMap maps a handle from
+/// offset 0).
+#[test]
+fn a_larger_handle_is_mapped_again_whole() {
+    let dev = SimDevice::new(8 * PAGE);
+    let vmm: &dyn VirtualMemory = dev.vmm().expect("SimDevice has vmm");
+    let (a, b) = (vmm.reserve(3 * PAGE).unwrap(), vmm.reserve(3 * PAGE).unwrap());
+    vmm.map_handles(a, 3 * PAGE, 3 * PAGE).unwrap();
+    for r in [
+        vmm.map_alias(b, a, PAGE),
+        vmm.map_alias(b, a + PAGE, PAGE),
+        vmm.map_alias(b, a, 2 * PAGE),
+    ] {
+        assert!(matches!(r, Err(DeviceError::UnknownPointer { .. })), "{r:?}");
+    }
+    let maps = dev.stats().ops.map.calls;
+    vmm.map_alias(b, a, 3 * PAGE).unwrap();
+    assert_eq!(dev.stats().ops.map.calls, maps + 1, "one handle, one map");
+    assert_eq!(dev.used_bytes(), 3 * PAGE);
+    vmm.unmap(a, 3 * PAGE).unwrap();
+    vmm.unmap_alias(b, 3 * PAGE).unwrap();
+    assert_eq!(dev.used_bytes(), 0);
+    vmm.unreserve(a).unwrap();
+    vmm.unreserve(b).unwrap();
+    assert_eq!(dev.leak_report().blocks, 0);
+}
+
 /// An allocator on slabs of `min_slab..max_slab` bytes backed page by page.
 fn paged_slabs(dev: &Arc<SimDevice>, min_slab: u64, max_slab: u64) -> Allocator {
     let config = SuballocConfig {

@@ -7,8 +7,8 @@
 //! `map_handles` maps larger handles where the caller unmaps only whole ones (their sizes are
 //! kept for the unmap). Access is granted once per mapped run. The handle is released right
 //! after mapping: the mapping keeps the memory until it is unmapped.
-//! A page can be mapped a second time (`map_alias`: cuMemRetainAllocationHandle on its first
-//! address, then cuMemMap); its memory goes back with its last mapping.
+//! A handle can be mapped a second time (`map_alias`: cuMemRetainAllocationHandle on its first
+//! address, then cuMemMap of the whole handle); its memory goes back with its last mapping.
 //! Enabled when the device reports VMM support; `ADAPTALLOC_CUDA_VMM=0` turns it off.
 
 use std::collections::HashMap;
@@ -265,7 +265,13 @@ impl VirtualMemory for CudaDevice {
     }
 
     fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.map_range(ptr, Some(src), bytes, self.page())
+        // Pages one by one, or the one larger handle mapped at `src`, whole (cuMemMap maps a
+        // handle from offset 0).
+        let handle = self.mappings.lock().get(&src).copied().unwrap_or(self.page());
+        if handle != self.page() && handle != bytes {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        self.map_range(ptr, Some(src), bytes, handle)
     }
 
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {

@@ -91,11 +91,11 @@ pub trait VirtualMemory: Send + Sync {
     /// whole mappings (every page mapped by [`map`](VirtualMemory::map), or whole handles
     /// mapped by [`map_handles`](VirtualMemory::map_handles)).
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
-    /// Maps the physical pages already mapped at `src..src+bytes` a second time, at
-    /// `ptr..ptr+bytes` (page-aligned, inside a reservation, unmapped): both ranges then show
-    /// the same memory, and no memory is consumed. CUDA: cuMemRetainAllocationHandle on `src`,
-    /// then cuMemMap. The suballocator uses it to splice the free end of a held page onto a
-    /// new block on out-of-memory.
+    /// Maps the physical handles already mapped at `src..src+bytes` (whole handles: pages, or
+    /// one larger handle) a second time, at `ptr..ptr+bytes` (page-aligned, inside a
+    /// reservation, unmapped): both ranges then show the same memory, and no memory is
+    /// consumed. CUDA: cuMemRetainAllocationHandle on `src`, then cuMemMap. The suballocator
+    /// uses it to splice the free end of a held handle onto a new block on out-of-memory.
     fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
     /// Undoes [`map_alias`](VirtualMemory::map_alias) at `ptr..ptr+bytes`; the memory stays
     /// mapped where it was first.

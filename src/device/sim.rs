@@ -549,17 +549,21 @@ impl VirtualMemory for SimDevice {
             return Err(DeviceError::UnknownPointer { ptr });
         };
         let pages = (0..bytes).step_by(page as usize);
+        // Whole handles only, as cuMemMap maps them (from offset 0).
+        let handles = s.handles.range(src..src + bytes.max(1));
+        let whole = s.handles.contains_key(&src) && handles.clone().all(|(&h, &len)| h + len <= src + bytes);
         if ptr % page != 0
             || src % page != 0
+            || !whole
             || pages.clone().any(|o| s.mapped_pages.contains_key(&(ptr + o)))
             || pages.clone().any(|o| !s.mapped_pages.contains_key(&(src + o)))
         {
             return Err(DeviceError::UnknownPointer { ptr });
         }
-        self.admit(&mut s, bytes, 0)?;
-        // A retained handle per page (cuMemRetainAllocationHandle: no price of its own), each
+        // A retained handle per handle (cuMemRetainAllocationHandle: no price of its own), each
         // mapped, and one access grant for the run.
-        let n = bytes / page;
+        let n = handles.count() as u64;
+        self.admit(&mut s, bytes, 0)?;
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
         s.stats.ops.set_access.charge(1, self.cost.vmm.set_access_ns);
         for o in pages {

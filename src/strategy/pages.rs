@@ -82,15 +82,10 @@ impl PageMap {
         self.mapped_bytes == self.st.len() as u64 * self.page
     }
 
-    /// Pages in the slab.
-    pub(crate) fn page_count(&self) -> usize {
-        self.st.len()
-    }
-
-    /// Page `p` is mapped in a handle of its own and a live block touches it: its memory stays
-    /// held until they go, and (one page, one handle) it can be mapped again elsewhere.
-    pub(crate) fn is_pinned_page(&self, p: usize) -> bool {
-        self.st[p].head == p as u32 && self.st[p].len == 1 && self.st[p].refs > 0
+    /// The handle page `p` is mapped in, as (first page, pages), when a live block touches it.
+    pub(crate) fn live_handle_at(&self, p: usize) -> Option<(usize, usize)> {
+        let h = self.st.get(p)?.head;
+        (h != UNMAPPED && self.is_live(h)).then(|| (h as usize, self.st[h as usize].len as usize))
     }
 
     /// Every page under `offset..offset+len` is mapped.
@@ -368,12 +363,17 @@ mod tests {
             "the handle was pinned already; the page is new"
         );
         assert_eq!(m.unpinned_bytes(0, 3 * P), 0);
-        assert!(
-            !m.is_pinned_page(1),
-            "a page of a larger handle cannot be mapped on its own"
+        assert_eq!(
+            m.live_handle_at(1),
+            Some((0, 3)),
+            "page 1 is in the handle of pages 0-2"
         );
-        assert!(m.is_pinned_page(3));
+        assert_eq!(m.live_handle_at(3), Some((3, 1)));
+        assert_eq!(m.live_handle_at(4), None, "not mapped");
         assert_eq!(m.release(P, 1), 0, "another block still touches the handle");
+        assert_eq!(m.release(3 * P, P), P);
+        assert_eq!(m.live_handle_at(3), None, "no live block: not held");
+        m.acquire(3 * P, P);
         assert_eq!(m.take_unused_runs(u64::MAX), vec![], "nothing is wholly unused");
         assert_eq!(m.release(2 * P, 2 * P), 4 * P);
         assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (4 * P, 4 * P));

@@ -1,14 +1,15 @@
-//! Spliced blocks, the suballocator's last resort on out-of-memory. A page that live blocks keep
-//! mapped may have its end (or its start) free, and no request fits there. With virtual memory
-//! management the same physical page can be mapped a second time: a new block gets an address
-//! range of its own, made of that page (mapped again, the block starting in its free end), fresh
-//! pages, and another held page whose free start the block ends in. It then needs fewer fresh
-//! pages than a driver allocation of its size would consume; a block of up to two pages' worth
-//! of free ends needs none.
+//! Spliced blocks, the suballocator's last resort on out-of-memory. A handle that live blocks
+//! keep mapped (a page, or a larger handle shaped to a block) may have its end (or its start)
+//! free, and no request fits there. With virtual memory management the same physical handle can
+//! be mapped a second time, whole: a new block gets an address range of its own, made of that
+//! handle (mapped again, the block starting in its free end), fresh pages, and another held
+//! handle whose free start the block ends in. It then needs fewer fresh pages than a driver
+//! allocation of its size would consume; a block of up to two handles' worth of free ends needs
+//! none.
 //!
 //! The free ends it uses are taken as blocks of their slabs (so nothing else lands there, and
-//! their pages stay pinned while the spliced block lives); freeing it unmaps the range, gives the
-//! fresh pages back and frees those parts. Everything here is cold.
+//! their handles stay pinned while the spliced block lives); freeing it unmaps the range, gives
+//! the fresh pages back and frees those parts. Everything here is cold.
 
 use crate::device::{Device, DevicePtr};
 use crate::strategy::{BlockMeta, Grant, StreamId};
@@ -18,15 +19,18 @@ use super::{NIL, Suballoc};
 /// A block spliced from page ends and fresh pages.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Splice {
-    /// The block's own address range (a reservation): the front page, the fresh pages, the
-    /// back page, each where present.
+    /// The block's own address range (a reservation): the front handle, the fresh pages, the
+    /// back handle, each where present.
     base: DevicePtr,
-    /// The slab node holding the block's bytes on the held page mapped again at `base`.
+    /// The slab node holding the block's bytes on the held handle mapped again at `base`.
     front: Option<u32>,
+    /// Bytes of the handles mapped again at the front and at the back (0 where absent).
+    front_len: u64,
+    back_len: u64,
     /// Bytes of fresh pages mapped after the front page.
     fresh: u64,
-    /// The slab node holding the block's bytes on the held page mapped again after the fresh
-    /// pages.
+    /// The slab node holding the block's bytes on the held handle mapped again after the
+    /// fresh pages.
     back: Option<u32>,
     /// Bytes of the block on fresh pages.
     body: u64,
@@ -34,12 +38,14 @@ pub(super) struct Splice {
     consumed: u64,
 }
 
-/// A free page end: `len` free bytes at the end (tail) or start (head) of the held page at
-/// `page` (an address), inside free node `node`.
+/// A free handle end: `len` free bytes at the end (tail) or start (head) of the held handle of
+/// `handle` bytes at `page` (an address: a page, or the first page of a larger handle), inside
+/// free node `node`.
 #[derive(Debug, Clone, Copy)]
 struct End {
     node: u32,
     page: DevicePtr,
+    handle: u64,
     len: u64,
 }
 
@@ -68,29 +74,31 @@ impl Suballoc {
         let (tail, head) = (tail.filter(|_| plan.front > 0), head.filter(|_| plan.back > 0));
         let vmm = dev.vmm().expect("checked above");
         let fresh = plan.fresh_pages * page;
-        let held_pages = u64::from(tail.is_some()) + u64::from(head.is_some());
-        let base = vmm.reserve(held_pages * page + fresh).ok()?;
-        if let Err(e) = self.map_splice(dev, base, tail, fresh, head, page) {
+        let (front_len, back_len) = (tail.map_or(0, |t| t.handle), head.map_or(0, |h| h.handle));
+        let base = vmm.reserve(front_len + fresh + back_len).ok()?;
+        if let Err(e) = self.map_splice(dev, base, tail, fresh, head) {
             tracing::debug!(bytes, error = %e, "splice refused by the device");
             let _ = vmm.unreserve(base);
             return None;
         }
-        let front = tail.map(|t| self.take_end(dev, t.node, t.page + page - plan.front, plan.front));
+        let front = tail.map(|t| self.take_end(dev, t.node, t.page + t.handle - plan.front, plan.front));
         let back = head.map(|h| self.take_end(dev, h.node, h.page, plan.back));
         let body = bytes - plan.front - plan.back;
         // The parts on held pages count at their own footprint (0 for an absent part).
         let parts = self.footprint(dev, plan.front) + self.footprint(dev, plan.back);
         let consumed = footprint.saturating_sub(parts);
         self.acct.spliced(fresh, body, consumed);
-        // The block starts in the front page's free tail, or where its body ends the fresh
-        // pages when only a back page follows.
+        // The block starts in the front handle's free tail, or where its body ends the fresh
+        // pages when only a back handle follows.
         let ptr = match tail {
-            Some(_) => base + page - plan.front,
+            Some(_) => base + front_len - plan.front,
             None => base + fresh - body,
         };
         let splice = self.splices.insert(Splice {
             base,
             front,
+            front_len,
+            back_len,
             fresh,
             back,
             body,
@@ -125,21 +133,20 @@ impl Suballoc {
         self.now = now;
         self.quiesce(dev);
         let vmm = dev.vmm().expect("a spliced block's device has vmm");
-        let page = vmm.page_size();
-        let front_len = if s.front.is_some() { page } else { 0 };
+        let front_len = s.front_len;
         let unmap = |r: Result<(), crate::error::DeviceError>, what: &str| {
             if let Err(e) = r {
                 tracing::error!(ptr = s.base, error = %e, what, "unmapping a spliced block failed");
             }
         };
         if s.front.is_some() {
-            unmap(vmm.unmap_alias(s.base, page), "front page");
+            unmap(vmm.unmap_alias(s.base, front_len), "front handle");
         }
         if s.fresh > 0 {
             unmap(vmm.unmap(s.base + front_len, s.fresh), "fresh pages");
         }
         if s.back.is_some() {
-            unmap(vmm.unmap_alias(s.base + front_len + s.fresh, page), "back page");
+            unmap(vmm.unmap_alias(s.base + front_len + s.fresh, s.back_len), "back handle");
         }
         unmap(vmm.unreserve(s.base), "range");
         self.acct.unspliced(s.fresh, s.body, s.consumed);
@@ -148,17 +155,16 @@ impl Suballoc {
         }
     }
 
-    /// The largest free tail and the largest free head of held pages usable by `stream`, from
-    /// different nodes.
+    /// The largest free tail and the largest free head of held handles usable by `stream`,
+    /// from different nodes.
     fn largest_free_ends(&self, page: u64, stream: StreamId) -> (Option<End>, Option<End>) {
         let (mut tail, mut head): (Option<End>, Option<End>) = (None, None);
         for (i, n) in self.nodes.iter_all().enumerate() {
             if n.slab == NIL || !self.free_for(n, stream) {
                 continue;
             }
-            // Only slabs backed by device pages, and only pages that are handles of their own
-            // (`is_pinned_page`): a page of a larger handle cannot be mapped again on its own
-            // (cuMemMap maps whole handles from offset 0).
+            // Only slabs paged by device pages; a handle is mapped again whole (cuMemMap maps
+            // whole handles from offset 0), so a free end is the free part of a held handle.
             let Some(Some(pm)) = self
                 .pages
                 .get(n.slab as usize)
@@ -168,26 +174,28 @@ impl Suballoc {
             };
             let slab_base = self.slabs[n.slab].base;
             let (start, end) = (n.addr - slab_base, n.addr - slab_base + n.size);
-            // The page the node starts in, if the node runs to its end: a free tail.
-            let first = (start / page) as usize;
-            if start % page != 0 && end >= (first as u64 + 1) * page && pm.is_pinned_page(first) {
-                let len = (first as u64 + 1) * page - start;
-                if tail.is_none_or(|t| len > t.len) {
+            // The handle the node starts in, if the node runs to its end: a free tail.
+            if let Some((first, pages)) = pm.live_handle_at((start / page) as usize) {
+                let (h_start, h_end) = (first as u64 * page, (first + pages) as u64 * page);
+                let len = h_end - start;
+                if start > h_start && end >= h_end && tail.is_none_or(|t| len > t.len) {
                     tail = Some(End {
                         node: i as u32,
-                        page: slab_base + first as u64 * page,
+                        page: slab_base + h_start,
+                        handle: h_end - h_start,
                         len,
                     });
                 }
             }
-            // The page the node ends in, if the node starts at or before its start: a free head.
-            let last = (end / page) as usize;
-            if end % page != 0 && start <= last as u64 * page && last < pm.page_count() && pm.is_pinned_page(last) {
-                let len = end - last as u64 * page;
-                if head.is_none_or(|h| len > h.len) {
+            // The handle the node ends in, if the node starts at or before its start: a free head.
+            if let Some((first, pages)) = pm.live_handle_at(((end - 1) / page) as usize) {
+                let (h_start, h_end) = (first as u64 * page, (first + pages) as u64 * page);
+                let len = end - h_start;
+                if end < h_end && start <= h_start && head.is_none_or(|h| len > h.len) {
                     head = Some(End {
                         node: i as u32,
-                        page: slab_base + last as u64 * page,
+                        page: slab_base + h_start,
+                        handle: h_end - h_start,
                         len,
                     });
                 }
@@ -206,8 +214,8 @@ impl Suballoc {
         (tail, head)
     }
 
-    /// Maps a splice's range at `base`: the tail's page again, `fresh` bytes of new pages, the
-    /// head's page again. On failure nothing stays mapped.
+    /// Maps a splice's range at `base`: the tail's handle again, `fresh` bytes of new pages,
+    /// the head's handle again. On failure nothing stays mapped.
     fn map_splice(
         &self,
         dev: &dyn Device,
@@ -215,29 +223,28 @@ impl Suballoc {
         tail: Option<End>,
         fresh: u64,
         head: Option<End>,
-        page: u64,
     ) -> Result<(), crate::error::DeviceError> {
         let vmm = dev.vmm().expect("checked by the caller");
-        let front_len = if tail.is_some() { page } else { 0 };
+        let front_len = tail.map_or(0, |t| t.handle);
         if let Some(t) = tail {
-            vmm.map_alias(base, t.page, page)?;
+            vmm.map_alias(base, t.page, t.handle)?;
         }
         if fresh > 0
             && let Err(e) = vmm.map(base + front_len, fresh)
         {
             if tail.is_some() {
-                let _ = vmm.unmap_alias(base, page);
+                let _ = vmm.unmap_alias(base, front_len);
             }
             return Err(e);
         }
         if let Some(h) = head
-            && let Err(e) = vmm.map_alias(base + front_len + fresh, h.page, page)
+            && let Err(e) = vmm.map_alias(base + front_len + fresh, h.page, h.handle)
         {
             if fresh > 0 {
                 let _ = vmm.unmap(base + front_len, fresh);
             }
             if tail.is_some() {
-                let _ = vmm.unmap_alias(base, page);
+                let _ = vmm.unmap_alias(base, front_len);
             }
             return Err(e);
         }

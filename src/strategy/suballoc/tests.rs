@@ -169,19 +169,24 @@ fn slabs_are_backed_as_the_engine_says() {
     }
 }
 
+/// Handles shaped to blocks, on slabs of 64 MiB kept when empty.
+fn blocks_config() -> SuballocConfig {
+    SuballocConfig {
+        page_release: true,
+        backing: SlabBacking::Blocks,
+        min_slab: 64 * MIB,
+        max_empty_bytes: u64::MAX,
+        ..SuballocConfig::default()
+    }
+}
+
 /// Under `SlabBacking::Blocks` a block gets one handle for the pages it covers whole and a page
 /// for each one it may share. An idle handle that a later, smaller block would cover only in
 /// part is pinned whole while the strand guard has room, and given back first (the block then
 /// gets handles of its own) when the guard has none.
 #[test]
 fn blocks_get_handles_shaped_to_them() {
-    let config = SuballocConfig {
-        page_release: true,
-        backing: SlabBacking::Blocks,
-        min_slab: 64 * MIB,
-        max_empty_bytes: u64::MAX,
-        ..SuballocConfig::default()
-    };
+    let config = blocks_config();
     for guard in [None, Some(0)] {
         let dev = SimDevice::new(GIB);
         let mut sub = Suballoc::new(config);
@@ -218,4 +223,40 @@ fn blocks_get_handles_shaped_to_them() {
         let dev = SimDevice::new(48 * MIB);
         churn(&dev, config, seed, 3000);
     }
+}
+
+/// On out-of-memory a splice may start in the free end of a handle larger than a page (under
+/// `SlabBacking::Blocks`): the handle is mapped again whole, the block starts in its free part
+/// and goes on in fresh pages.
+#[test]
+fn splices_start_in_free_ends_of_larger_handles() {
+    let config = blocks_config();
+    let dev = SimDevice::new(16 * MIB);
+    let mut sub = Suballoc::new(config);
+    let a = sub.allocate(&dev, 10 * MIB, 0).unwrap(); // one handle of five pages
+    let d = sub.allocate(&dev, 2 * MIB, 0).unwrap(); // a page after it
+    sub.deallocate(&dev, a.meta, 0, 1);
+    // Unguarded: pins the whole 10 MiB handle, leaving its last 7 MiB free between two live
+    // blocks' memory.
+    let b = sub.allocate(&dev, 3 * MIB, 0).unwrap();
+    assert_eq!(dev.used_bytes(), 12 * MIB);
+    let err = sub.allocate(&dev, 9 * MIB, 0).unwrap_err();
+    assert!(err.is_out_of_memory(), "{err}");
+    let c = sub
+        .allocate_spliced(&dev, 9 * MIB, 0)
+        .expect("spliced from the handle's free end");
+    assert!(matches!(c.meta, BlockMeta::Spliced { .. }));
+    assert!(dev.is_backed(c.ptr, 9 * MIB));
+    assert_eq!(
+        dev.used_bytes(),
+        14 * MIB,
+        "one fresh page; the rest is the handle's free end"
+    );
+    sub.free_spliced(&dev, c.meta, 0, 2);
+    assert_eq!(dev.used_bytes(), 12 * MIB);
+    for (g, now) in [(b, 3), (d, 4)] {
+        sub.deallocate(&dev, g.meta, 0, now);
+    }
+    sub.release_empty_slabs(&dev, 0);
+    assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
 }
