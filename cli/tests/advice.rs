@@ -1,0 +1,46 @@
+//! Advice that follows the prices: the tuning report's recommendation is kept only where
+//! replaying it under the device's own cost model makes it cheaper, so the same run advised
+//! under two price lists can get two answers.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use adaptalloc::device::{CostModel, SimDevice};
+use adaptalloc::policy::Policy;
+use adaptalloc::strategy::SlabBacking;
+use adaptalloc_cli::advice::run_with_advice;
+use adaptalloc_cli::synth::WorkloadSpec;
+
+/// The bundled training workload at 1.5x its peak: page handles cost 193 us each under the
+/// default model, and handles shaped to blocks (a create per block) are kept; under vmm-fast
+/// (7.6 us a page) the same advice costs more than pages did, and is dropped.
+#[test]
+fn the_backing_advice_follows_the_prices() {
+    let spec = WorkloadSpec::bundled("training").unwrap();
+    let t = spec.generate(spec.seed);
+    let capacity = t.peak_live_bytes() * 3 / 2;
+    let vmm_fast = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tuning/cost-models/vmm-fast.toml");
+    let advise = |cost: CostModel| {
+        run_with_advice(&t, &Policy::default(), Default::default(), || {
+            Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost.clone()).build())
+        })
+    };
+    let dear = advise(CostModel::default());
+    assert_eq!(
+        dear.report.recommended_policy.suballoc.backing,
+        SlabBacking::Blocks,
+        "{:?}",
+        dear.report.recommendations
+    );
+    let again = dear.advised.expect("kept");
+    assert_eq!((dear.metrics.failed_allocs, again.failed_allocs), (0, 0));
+    assert!(again.modeled_driver_ns * 2 < dear.metrics.modeled_driver_ns);
+    let cheap = advise(CostModel::from_file(&vmm_fast).unwrap());
+    assert!(cheap.advised.is_none(), "{:?}", cheap.report.recommendations);
+    assert_eq!(cheap.report.recommended_policy.suballoc.backing, SlabBacking::Pages);
+    assert!(
+        cheap.report.recommendations[0].starts_with("no change: replayed"),
+        "{:?}",
+        cheap.report.recommendations
+    );
+}
