@@ -405,4 +405,143 @@ mod tests {
         assert_eq!(m.mapped_bytes, 6 * P);
         assert_eq!(m.unused_mapped_bytes, 2 * P);
     }
+
+    /// The handles and live pages of a slab, kept simply: each page's handle as (first page,
+    /// pages), and each page's live blocks.
+    struct Model {
+        handle: Vec<Option<(usize, usize)>>,
+        refs: Vec<u32>,
+    }
+
+    impl Model {
+        fn live(&self, (first, n): (usize, usize)) -> bool {
+            (first..first + n).any(|q| self.refs[q] > 0)
+        }
+        /// Distinct handles over `pages`, in order.
+        fn handles_over(&self, pages: std::ops::Range<usize>) -> Vec<(usize, usize)> {
+            let mut hs: Vec<(usize, usize)> = pages.filter_map(|q| self.handle[q]).collect();
+            hs.dedup();
+            hs
+        }
+        fn unmap(&mut self, (first, n): (usize, usize)) {
+            for q in first..first + n {
+                self.handle[q] = None;
+            }
+        }
+    }
+
+    fn pages(off: u64, len: u64, page: u64, n: usize) -> std::ops::Range<usize> {
+        (off / page) as usize..((off + len).div_ceil(page) as usize).min(n)
+    }
+
+    proptest::proptest! {
+        /// Mapping handles of 1 to 3 pages, placing and freeing blocks, and giving handles
+        /// back: every count, and what a block would pin, as the simple model says.
+        #[test]
+        fn handles_match_a_simple_model(
+            ops in proptest::collection::vec((0u8..5, 0usize..16, 1usize..7, 1usize..4), 1..300)
+        ) {
+            const P: u64 = 2 << 20;
+            const N: usize = 16;
+            let mut m = PageMap::new(N as u64 * P, P);
+            let mut model = Model { handle: vec![None; N], refs: vec![0; N] };
+            let mut blocks: Vec<(u64, u64)> = Vec::new();
+            for (op, at, len, per) in ops {
+                // A block a third of a page into page `at`, over about `len` half pages.
+                let (off, bytes) = (at as u64 * P + P / 3, len as u64 * P / 2);
+                match op {
+                    0 => {
+                        let end = (at + len).min(N);
+                        let n = (end - at) / per * per;
+                        if n == 0 || (at..at + n).any(|q| model.handle[q].is_some()) {
+                            continue;
+                        }
+                        m.mark_mapped(at as u64 * P, n as u64 * P, per as u64 * P);
+                        for f in (at..at + n).step_by(per) {
+                            for q in f..f + per {
+                                model.handle[q] = Some((f, per));
+                            }
+                        }
+                    }
+                    1 => {
+                        let span = pages(off, bytes, P, N);
+                        if off + bytes > N as u64 * P || span.clone().any(|q| model.handle[q].is_none()) {
+                            continue;
+                        }
+                        let newly: u64 = model
+                            .handles_over(span.clone())
+                            .into_iter()
+                            .filter(|&h| !model.live(h))
+                            .map(|(_, n)| n as u64 * P)
+                            .sum();
+                        proptest::prop_assert_eq!(m.unpinned_bytes(off, bytes), newly);
+                        proptest::prop_assert_eq!(m.acquire(off, bytes), newly);
+                        for q in span {
+                            model.refs[q] += 1;
+                        }
+                        blocks.push((off, bytes));
+                    }
+                    2 if !blocks.is_empty() => {
+                        let (off, bytes) = blocks.swap_remove(at % blocks.len());
+                        let span = pages(off, bytes, P, N);
+                        for q in span.clone() {
+                            model.refs[q] -= 1;
+                        }
+                        let freed: u64 = model
+                            .handles_over(span)
+                            .into_iter()
+                            .filter(|&h| !model.live(h))
+                            .map(|(_, n)| n as u64 * P)
+                            .sum();
+                        proptest::prop_assert_eq!(m.release(off, bytes), freed);
+                    }
+                    3 => {
+                        let want = len as u64 * P;
+                        let mut found = 0;
+                        let mut expect: Vec<(u64, u64)> = Vec::new();
+                        for h in model.handles_over(0..N) {
+                            if found >= want {
+                                break;
+                            }
+                            if !model.live(h) {
+                                let (start, bytes) = (h.0 as u64 * P, h.1 as u64 * P);
+                                match expect.last_mut() {
+                                    Some((s, l)) if *s + *l == start => *l += bytes,
+                                    _ => expect.push((start, bytes)),
+                                }
+                                found += bytes;
+                                model.unmap(h);
+                            }
+                        }
+                        proptest::prop_assert_eq!(m.take_unused_runs(want), expect);
+                    }
+                    _ => {
+                        let span = pages(off, bytes, P, N);
+                        if off + bytes > N as u64 * P {
+                            continue;
+                        }
+                        let over: Vec<(usize, usize)> = model
+                            .handles_over(span.clone())
+                            .into_iter()
+                            .filter(|&(f, n)| n > 1 && !model.live((f, n)) && (f < span.start || f + n > span.end))
+                            .collect();
+                        proptest::prop_assert_eq!(m.overhangs_idle(off, bytes), !over.is_empty());
+                        let expect: Vec<(u64, u64)> = over.iter().map(|&(f, n)| (f as u64 * P, n as u64 * P)).collect();
+                        proptest::prop_assert_eq!(m.take_unused_overhanging(off, bytes), expect);
+                        for h in over {
+                            model.unmap(h);
+                        }
+                    }
+                }
+                let handles = model.handles_over(0..N);
+                let mapped: u64 = handles.iter().map(|&(_, n)| n as u64 * P).sum();
+                let idle: u64 = handles.iter().filter(|&&h| !model.live(h)).map(|&(_, n)| n as u64 * P).sum();
+                proptest::prop_assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (mapped, idle));
+                for q in 0..N {
+                    let held = model.handle[q].filter(|&h| model.live(h));
+                    proptest::prop_assert_eq!(m.live_handle_at(q), held);
+                }
+            }
+        }
+    }
 }
