@@ -68,12 +68,13 @@ impl Suballoc {
         let (base, size, page_map) = match self.vmm_for_new(dev) {
             Some(vmm) => {
                 // Address space is free: reserve the whole slab, map what fits (all of it, or
-                // just the request's handles on a tight device).
+                // just the request's handles on a tight device; nothing yet under
+                // `SlabBacking::Blocks`).
                 let page = vmm.page_size();
                 let mut handle = self.handle_for(page, round_up(preferred, page));
                 let preferred = round_up(preferred, handle);
                 let base = vmm.reserve(preferred)?;
-                let (pm, mapped) = if self.config.backing == SlabBacking::Blocks {
+                let (mut pm, mapped) = if self.config.backing == SlabBacking::Blocks {
                     // Nothing yet: the request's pages are mapped in handles shaped to it
                     // (`map_for`), the rest as later blocks land there.
                     (PageMap::new(preferred, page), 0)
@@ -103,7 +104,6 @@ impl Suballoc {
                     };
                     (PageMap::new(preferred, handle), mapped)
                 };
-                let mut pm = pm;
                 pm.mark_mapped(0, mapped, handle);
                 (base, preferred, Some(pm))
             }
