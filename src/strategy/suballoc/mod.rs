@@ -51,9 +51,11 @@ pub enum SlabBacking {
     LargeHandles,
     /// One driver allocation.
     Whole,
-    /// A handle shaped to each block as it is placed: a block of half a page or more gets one
-    /// handle for the pages it needs that are not mapped yet, a smaller block a page. A handle
-    /// goes back whole once no live block touches it.
+    /// A handle shaped to each block as it is placed: the unmapped pages the block covers
+    /// whole in one handle, each page it may share with a neighbour in a handle of its own. A
+    /// handle goes back whole once no live block touches it; an idle one that a smaller block
+    /// would cover only in part is pinned whole while the strand guard has room, and given back
+    /// first when it has none.
     Blocks,
 }
 
