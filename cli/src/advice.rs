@@ -34,16 +34,24 @@ pub fn run_with_advice(
     options: ReplayOptions,
     device: impl Fn() -> Arc<SimDevice>,
 ) -> AdvisedRun {
-    let run = |p: &Policy| {
+    let run = |p: &Policy, o: ReplayOptions| {
         let dev = device();
         let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, p.clone());
-        let m = replay_with(trace, &alloc, options, |i| dev.advance_clock(i));
+        let m = replay_with(trace, &alloc, o, |i| dev.advance_clock(i));
         (m, dev, alloc)
     };
-    let (metrics, dev, alloc) = run(policy);
+    let (metrics, dev, alloc) = run(policy, options);
     let mut report = alloc.report().expect("an allocator with a policy has a report");
     let needed = passthrough_min_capacity(trace, Granularity::default());
-    let advised = check_advice(&mut report, policy, &metrics, needed, dev.capacity(), |p| run(p).0);
+    let advised = check_advice(
+        &mut report,
+        policy,
+        &metrics,
+        needed,
+        dev.capacity(),
+        options,
+        |p, o| run(p, o).0,
+    );
     AdvisedRun {
         metrics,
         device: dev,
@@ -52,19 +60,28 @@ pub fn run_with_advice(
     }
 }
 
+/// Passes over which [`check_advice`] compares the run's policy and the recommended one:
+/// issue 24's yardstick, the warm-up (the first five passes less four steady ones) and the
+/// steady state (the mean of passes 6-10).
+pub const ADVICE_PASSES: u32 = 10;
+
 /// Advice that holds: says when the workload's peak footprint (`needed`, what passthrough's
 /// live blocks consume at most) does not fit the device, and otherwise replays the report's
 /// recommended policy (`replay`) on the same trace and device, keeping it only when it fails
-/// fewer allocations, or as many in less modelled driver time, than the run (`ran`); else the
-/// report recommends no change and says what the replay measured. Returns the replay of the
-/// recommendation when it is kept.
+/// fewer allocations than the run (`ran`), or as many with a cheaper warm-up and no dearer a
+/// pass in steady state (5% or 0.05 ms a pass of slack), both policies replayed over
+/// [`ADVICE_PASSES`]: a training loop pays the steady state on every step, so advice that
+/// saves the first pass and costs each later one is no advice. Else the report recommends no
+/// change and says what the replay measured. Returns the replay of the recommendation with the
+/// run's `options` when it is kept.
 pub fn check_advice(
     report: &mut TuningReport,
     used: &Policy,
     ran: &ReplayMetrics,
     needed: u64,
     capacity: u64,
-    replay: impl Fn(&Policy) -> ReplayMetrics,
+    options: ReplayOptions,
+    replay: impl Fn(&Policy, ReplayOptions) -> ReplayMetrics,
 ) -> Option<ReplayMetrics> {
     let mut same = report.recommended_policy.clone();
     same.description.clone_from(&used.description);
@@ -83,17 +100,35 @@ pub fn check_advice(
     if same == *used {
         return None;
     }
-    let r = replay(&report.recommended_policy);
-    let ms = |m: &ReplayMetrics| m.modeled_driver_ns as f64 / 1e6;
+    let r = replay(&report.recommended_policy, options);
+    let passes = |p: &Policy| {
+        let o = ReplayOptions {
+            repeat: ADVICE_PASSES,
+            ..options
+        };
+        replay(p, o).passes
+    };
+    let (was, now) = (passes(used), passes(&report.recommended_policy));
+    let ms = |ns: u64| ns as f64 / 1e6;
     let measured = format!(
-        "{} failed, {:.1} ms modelled driver time, against this run's {} failed, {:.1} ms",
+        "{} failed, {:.1} ms modelled driver time, against this run's {} failed, {:.1} ms; over {ADVICE_PASSES} \
+         passes, a warm-up of {:.1} ms and {:.2} ms a pass after, against {:.1} ms and {:.2} ms",
         r.failed_allocs,
-        ms(&r),
+        ms(r.modeled_driver_ns),
         ran.failed_allocs,
-        ms(ran)
+        ms(ran.modeled_driver_ns),
+        ms(now.warmup_ns),
+        ms(now.steady_pass_ns),
+        ms(was.warmup_ns),
+        ms(was.steady_pass_ns)
     );
+    let slack = (was.steady_pass_ns / 20).max(50_000);
+    // Fewer failures win outright; as many, only with a cheaper warm-up and no dearer a pass.
     let better = r.failed_allocs < ran.failed_allocs
-        || (r.failed_allocs == ran.failed_allocs && r.modeled_driver_ns < ran.modeled_driver_ns);
+        || (r.failed_allocs == ran.failed_allocs
+            && r.modeled_driver_ns < ran.modeled_driver_ns
+            && now.warmup_ns < was.warmup_ns
+            && now.steady_pass_ns <= was.steady_pass_ns + slack);
     if better {
         report.recommendations.push(format!(
             "replayed on this trace and device, the recommended policy made {measured}"

@@ -44,3 +44,56 @@ fn the_backing_advice_follows_the_prices() {
         cheap.report.recommendations
     );
 }
+
+/// Advice that saves the first passes but costs every later one is dropped: a training loop
+/// would pay the difference on each of its steps. The same advice with no dearer a pass after
+/// is kept. (Replays stood in for by fixed figures; the report is a real one.)
+#[test]
+fn advice_that_costs_every_later_pass_is_dropped() {
+    use adaptalloc::Allocator;
+    use adaptalloc::device::Device;
+    use adaptalloc_cli::advice::check_advice;
+    use adaptalloc_cli::trace::{PassTimes, ReplayMetrics, replay};
+
+    let spec = WorkloadSpec::bundled("training").unwrap();
+    let t = spec.generate(spec.seed);
+    let capacity = t.peak_live_bytes() * 3 / 2;
+    let dev = Arc::new(SimDevice::new(capacity));
+    let alloc = Allocator::with_policy(dev as Arc<dyn Device>, Policy::default());
+    let ran = replay(&t, &alloc);
+    let report = alloc.report().unwrap();
+    let used = Policy::default();
+    assert_ne!(report.recommended_policy.suballoc, used.suballoc, "a change to judge");
+    let figures = |total_ms: u64, warmup_ms: u64, steady_us: u64| ReplayMetrics {
+        modeled_driver_ns: total_ms * 1_000_000,
+        passes: PassTimes {
+            first_pass_ns: total_ms * 1_000_000,
+            warmup_ns: warmup_ms * 1_000_000,
+            steady_pass_ns: steady_us * 1_000,
+        },
+        ..ReplayMetrics::default()
+    };
+    let ran = ReplayMetrics {
+        modeled_driver_ns: 700_000_000,
+        ..ran
+    };
+    for (advised_steady_us, kept) in [(1_000, false), (20, true)] {
+        let mut r = report.clone();
+        let got = check_advice(&mut r, &used, &ran, 0, capacity, Default::default(), |p, _| {
+            if *p == used {
+                figures(700, 700, 20)
+            } else {
+                figures(260, 260, advised_steady_us)
+            }
+        });
+        assert_eq!(got.is_some(), kept, "{:?}", r.recommendations);
+        assert_eq!(r.recommends_change, kept);
+        if !kept {
+            assert!(
+                r.recommendations[0].contains("1.00 ms a pass after"),
+                "{:?}",
+                r.recommendations
+            );
+        }
+    }
+}
