@@ -14,7 +14,7 @@ use adaptalloc_cli::compare::Contender;
 use adaptalloc_cli::synth::WorkloadSpec;
 use adaptalloc_cli::trace::replay;
 
-use common::stub::{run_on_stub, stub_hooks, stub_or_skip};
+use common::stub::{StubHooks, run_on_stub, stub_hooks, stub_or_skip};
 
 const CHILD: &str = "ADAPTALLOC_STUB_CUDA_CHILD";
 const CAPACITY: u64 = 96 << 20;
@@ -424,11 +424,7 @@ fn checkpoint_child() {
         let dev = Arc::new(CudaDevice::new(0).unwrap());
         let alloc = Allocator::with_strategy(dev.clone() as Arc<dyn Device>, StrategyKind::Caching);
         let (stream_syncs, event_syncs) = ((hooks.stream_syncs)(), (hooks.event_syncs)());
-        let on_a: Vec<u64> = (0..40).map(|_| alloc.allocate_raw(2 << 20, A).unwrap()).collect();
-        (hooks.stream_work)(A as usize, 1);
-        for p in on_a {
-            alloc.deallocate(p, A).unwrap();
-        }
+        free_while_busy(&alloc, &hooks, A, 40, 2 << 20);
         let p = alloc.allocate_raw(1 << 20, B).unwrap();
         alloc.deallocate(p, B).unwrap();
         (hooks.stream_work)(A as usize, 5);
@@ -493,9 +489,7 @@ fn checkpoint_child() {
     let mut most = 0;
     for s in 1..=3000u64 {
         let stream = 0x10_0000 + s * 16;
-        let p = alloc.allocate_raw(64 << 10, stream).unwrap();
-        (hooks.stream_work)(stream as usize, 1);
-        alloc.deallocate(p, stream).unwrap();
+        free_while_busy(&alloc, &hooks, stream, 1, 64 << 10);
         most = most.max((hooks.live_events)());
     }
     assert!(most <= 1100, "{most} checkpoint events at once");
@@ -652,11 +646,7 @@ fn capture_child() {
     for kind in [StrategyKind::Caching, StrategyKind::Suballoc, StrategyKind::Passthrough] {
         let alloc = Allocator::with_strategy(dev.clone() as Arc<dyn Device>, kind);
         // Before: memory freed on S and on A with work queued; a block of A's recorded on S.
-        let on_s: Vec<u64> = (0..4).map(|_| alloc.allocate_raw(4 << 20, S).unwrap()).collect();
-        (hooks.stream_work)(S as usize, 1);
-        for p in on_s {
-            alloc.deallocate(p, S).unwrap();
-        }
+        free_while_busy(&alloc, &hooks, S, 4, 4 << 20);
         let shared = alloc.allocate_raw(1 << 20, A).unwrap();
         alloc.record_stream(shared, S).unwrap();
         let keep = alloc.allocate_raw(8 << 20, A).unwrap();
@@ -706,4 +696,14 @@ fn capture_child() {
     }
     assert_eq!((hooks.capture_violations)(), 0);
     println!("capture checks passed");
+}
+
+/// Frees `n` blocks of `bytes` allocated on `stream` after queuing a kernel there: memory freed
+/// while work that may use it is still in flight.
+fn free_while_busy(alloc: &Allocator, hooks: &StubHooks, stream: u64, n: usize, bytes: u64) {
+    let blocks: Vec<u64> = (0..n).map(|_| alloc.allocate_raw(bytes, stream).unwrap()).collect();
+    (hooks.stream_work)(stream as usize, 1);
+    for p in blocks {
+        alloc.deallocate(p, stream).unwrap();
+    }
 }

@@ -510,8 +510,9 @@ impl Shared {
         } else {
             ladder::routed(&mut st, &self.device, si, aligned, stream)
         };
-        // Only the routed strategy changed, unless placement under pressure or recovery ran
-        // (or the strand guard sent the request elsewhere: below).
+        // Only the routed strategy changed, unless placement under pressure or recovery ran,
+        // or another strategy served it (the strand guard's refusal: the routed one may have
+        // given idle handles back before refusing).
         let mut one_touched = !st.pressure;
         let grant = match attempt {
             Ok(found) => found,
@@ -520,8 +521,9 @@ impl Shared {
                 self.allocate_after_error(&mut st, si, aligned, bytes, stream, e)?
             }
         };
-        let routed = si;
-        let (grant, si) = grant;
+        let (grant, served) = grant;
+        one_touched &= served == si;
+        let si = served;
         let ss = &mut st.strategy_stats[si];
         if grant.hit {
             ss.hits += 1;
@@ -535,9 +537,7 @@ impl Shared {
             }
             st.resample(&self.device);
         }
-        // Served by another strategy than the routed one (the strand guard's refusal): the
-        // routed one may have changed too (it gives back idle handles before refusing).
-        if one_touched && grant.hit && si == routed {
+        if one_touched && grant.hit {
             st.refresh_one(si);
         } else {
             st.refresh();

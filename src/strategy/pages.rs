@@ -274,16 +274,23 @@ impl PageMap {
         let firsts: Vec<usize> = self.overhanging_idle(offset, len).collect();
         let mut taken = Vec::with_capacity(firsts.len());
         for first in firsts {
-            let n = self.st[first].len as usize;
-            for q in first..first + n {
-                self.st[q].head = UNMAPPED;
-            }
-            let bytes = n as u64 * self.page;
-            self.mapped_bytes -= bytes;
-            self.unused_mapped_bytes -= bytes;
+            let bytes = self.unmark_idle(first);
             taken.push((first as u64 * self.page, bytes));
         }
         taken
+    }
+
+    /// Marks the idle handle starting at page `first` unmapped; returns its bytes.
+    fn unmark_idle(&mut self, first: usize) -> u64 {
+        let n = self.st[first].len as usize;
+        debug_assert!(!self.is_live(first as u32), "only an idle handle goes back");
+        for q in first..first + n {
+            self.st[q].head = UNMAPPED;
+        }
+        let bytes = n as u64 * self.page;
+        self.mapped_bytes -= bytes;
+        self.unused_mapped_bytes -= bytes;
+        bytes
     }
 
     /// Runs of whole handles no live block touches, to unmap; marks them unmapped. Stops once
@@ -301,12 +308,7 @@ impl PageMap {
             let n = self.st[p].len as usize;
             debug_assert_eq!(h as usize, p, "a handle is walked from its first page");
             if !self.is_live(p as u32) {
-                for q in p..p + n {
-                    self.st[q].head = UNMAPPED;
-                }
-                let bytes = n as u64 * self.page;
-                self.mapped_bytes -= bytes;
-                self.unused_mapped_bytes -= bytes;
+                let bytes = self.unmark_idle(p);
                 found += bytes;
                 let start = p as u64 * self.page;
                 match runs.last_mut() {

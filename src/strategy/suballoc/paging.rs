@@ -161,7 +161,7 @@ impl Suballoc {
     /// back; returns the bytes unmapped. Slabs left empty and unmapped drop their reservation.
     pub fn unmap_unused(&mut self, dev: &dyn Device, want: u64) -> u64 {
         let Some(vmm) = dev.vmm() else { return 0 };
-        let any = self.pages.iter().flatten().any(|pm| pm.unused_mapped_bytes > 0);
+        let any = self.pages.iter().flatten().any(|pm| pm.has_idle_handles());
         if want == 0 || !any || !self.quiesce(dev) {
             return 0;
         }
@@ -171,7 +171,7 @@ impl Suballoc {
                 break;
             }
             let Some(pm) = self.pages[id].as_mut() else { continue };
-            if pm.unused_mapped_bytes == 0 {
+            if !pm.has_idle_handles() {
                 continue;
             }
             let base = self.slabs[id as u32].base;
