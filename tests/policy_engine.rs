@@ -476,3 +476,40 @@ fn a_loss_against_passthrough_is_printed_as_a_loss() {
     let text = r.to_string();
     assert!(text.contains("; lost ") && !text.contains("saved 0.0 ms"), "{text}");
 }
+
+/// Free memory is sampled less often while nothing but the allocator changes it, and at the
+/// base rate again once something else does. A steady cycle on a roomy device (four 256 MiB
+/// blocks a step on 8 GiB) makes a few cuMemGetInfo calls in 100,000 operations, not one per
+/// `bounds.mem_info_interval_ops` (97); a co-tenant that then takes 6 GiB is seen at the next
+/// sample, and with free memory under tight mode's threshold every later gap is the base one.
+#[test]
+fn free_memory_is_sampled_less_while_nothing_else_changes_it() {
+    let dev = Arc::new(SimDevice::new(8 << 30));
+    let alloc = Allocator::adaptive(dev.clone() as Arc<dyn Device>);
+    let samples = || dev.stats().mem_info_calls;
+    let run = |ops: u64| {
+        for _ in 0..ops / 8 {
+            let blocks: Vec<_> = (0..4).map(|_| alloc.allocate_raw(256 << 20, 0).unwrap()).collect();
+            for p in blocks {
+                alloc.deallocate(p, 0).unwrap();
+            }
+        }
+    };
+    run(20_000);
+    let before = samples();
+    run(100_000);
+    let calm = samples() - before;
+    dev.tenant_take(1, 6 << 30).unwrap();
+    let before = samples();
+    run(100_000);
+    let after = samples() - before;
+    common::figure(&format!(
+        "cuMemGetInfo calls in 100,000 operations: {calm} while calm, {after} after a co-tenant took 6 GiB"
+    ));
+    assert!(calm <= 10, "{calm} samples while nothing else changed free memory");
+    assert!(
+        after >= 60,
+        "{after} samples once a co-tenant left free memory under tight_below"
+    );
+    assert_eq!(dev.tenant_failures(), 0);
+}

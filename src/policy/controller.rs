@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::assess::{self, Limits, Plan, Prior, Sample, assess};
 use super::classify::{self, BUCKETS, ClassStats, Window, bucket_range, class_name, distinct_text};
-use super::constants::{SMALL_BUCKETS, TINY_DEVICE_PAGES};
+use super::constants::{MEM_INFO_BACKOFF, SMALL_BUCKETS, TINY_DEVICE_PAGES};
 use super::journal::{ClassSummary, Journal, RouteChange, TimelinePoint};
 use super::{Policy, RoutingMode};
 use crate::device::{Device, Granularity};
@@ -26,6 +26,11 @@ pub struct Engine {
     on_free_idle: u64,
     next_tick: u64,
     next_sample: u64,
+    /// Operations from one periodic sample to the next: `bounds.mem_info_interval_ops`, doubled
+    /// at each calm sample up to [`MEM_INFO_BACKOFF`] times it (see `next_gap`).
+    sample_gap: u64,
+    /// What the device held for others (total less free less ours) at the last sample.
+    last_others: Option<u64>,
     last_free: u64,
     /// What the last sample decided and the next may change.
     prior: Prior,
@@ -54,6 +59,8 @@ impl Engine {
             on_free_idle: limits.max_idle,
             next_tick: policy.routing.interval_ops,
             next_sample: 0,
+            sample_gap: policy.bounds.mem_info_interval_ops,
+            last_others: None,
             last_free: total,
             prior: Prior::default(),
             in_pressure: false,
@@ -204,7 +211,36 @@ impl Engine {
         };
         self.journal.peak_stranded = self.journal.peak_stranded.max(sample.stranded);
         let plan = assess(&sample, &self.limits, self.prior);
+        self.next_sample = op + self.next_gap(&sample, info.total, &plan);
         self.apply(&plan, &sample, strategies, dev, routes);
+    }
+
+    /// Operations until the next periodic sample. Samples after our own driver allocations come
+    /// anyway; the periodic one is there to see what others do to free memory. So the gap
+    /// doubles (up to [`MEM_INFO_BACKOFF`] times `bounds.mem_info_interval_ops`) at each sample
+    /// that is calm: what others hold moved by less than a page since the last sample, the
+    /// workload has shown its cycle, and free memory is over tight mode's threshold, the
+    /// headroom and the low watermark (so no rule that reads free memory can start before the
+    /// next sample without a driver allocation of ours, which samples at once). Any other sample
+    /// goes back to the base gap.
+    fn next_gap(&mut self, s: &Sample, total: u64, plan: &Plan) -> u64 {
+        let base = self.policy.bounds.mem_info_interval_ops;
+        let others = total.saturating_sub(s.free).saturating_sub(s.reserved);
+        let steady = self
+            .last_others
+            .is_some_and(|o| o.abs_diff(others) < self.model.large_granule);
+        self.last_others = Some(others);
+        let lim = &self.limits;
+        let clear = s.free >= lim.tight_below.max(lim.headroom).max(lim.low_watermark);
+        let calm = steady && clear && plan.cycle_seen && !plan.tight && !plan.pressure;
+        self.sample_gap = if calm {
+            self.sample_gap
+                .saturating_mul(2)
+                .min(base.saturating_mul(MEM_INFO_BACKOFF))
+        } else {
+            base
+        };
+        self.sample_gap
     }
 
     /// Carries out a plan: the idle bound on frees, the slabs' settings, tight mode's routes,
