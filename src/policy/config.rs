@@ -185,8 +185,8 @@ pub struct BoundsPolicy {
     /// Idle blocks and empty slabs not reused within this many operations are released (0: never).
     pub idle_age_ops: u64,
     /// Operations between mem_info samples when no driver call forces one, at first: the gap
-    /// doubles, up to 32 times this, while samples find free memory unchanged by others and
-    /// clear of tight_below, the headroom and the low watermark.
+    /// doubles, up to 32 times this, while samples find free memory unchanged by others, over
+    /// twice the headroom and the low watermark, and the device not near tight mode.
     pub mem_info_interval_ops: u64,
     /// Share of the memory expected free at the workload's peak that live blocks in slabs may
     /// strand: hold beyond what the driver would consume for them, where no release reaches

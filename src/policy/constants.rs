@@ -40,9 +40,10 @@ pub const TIGHT_EXIT_FREE_FACTOR: f64 = 1.5;
 /// The most the gap between periodic free-memory samples (cuMemGetInfo, 5-12 us) grows while
 /// samples find nothing changed by others: 32 times `bounds.mem_info_interval_ops` (32,768
 /// operations by default). At the base gap cpu-mobilenetv2-train (114,000 operations a step)
-/// paid 111 samples a step, 0.89 ms at 2x and 4x peak live, where PyTorch's allocator pays
-/// nothing; at 32x it pays a few. A co-tenant's change is still seen at the next sample, and
-/// any driver allocation of ours samples at once.
+/// paid 111 samples a step, 0.89 ms at 2x and 4x peak live (1.5 ms at 1.5x, where periodic
+/// samples also released idle memory the step asked for again), where PyTorch's allocator pays
+/// nothing; at 32x it pays about 3. A co-tenant's change is still seen at the next sample, and
+/// any driver allocation of ours samples at once. Robustness and co-tenant tables unchanged.
 pub const MEM_INFO_BACKOFF: u64 = 32;
 
 /// The workload has shown a cycle (a training step, a serving batch) once passthrough's

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::assess::{self, Limits, Plan, Prior, Sample, assess};
 use super::classify::{self, BUCKETS, ClassStats, Window, bucket_range, class_name, distinct_text};
-use super::constants::{MEM_INFO_BACKOFF, SMALL_BUCKETS, TINY_DEVICE_PAGES};
+use super::constants::{MEM_INFO_BACKOFF, SMALL_BUCKETS, STRAND_CLEAR_DIVISOR, TINY_DEVICE_PAGES};
 use super::journal::{ClassSummary, Journal, RouteChange, TimelinePoint};
 use super::{Policy, RoutingMode};
 use crate::device::{Device, Granularity};
@@ -218,11 +218,14 @@ impl Engine {
     /// Operations until the next periodic sample. Samples after our own driver allocations come
     /// anyway; the periodic one is there to see what others do to free memory. So the gap
     /// doubles (up to [`MEM_INFO_BACKOFF`] times `bounds.mem_info_interval_ops`) at each sample
-    /// that is calm: what others hold moved by less than a page since the last sample, the
-    /// workload has shown its cycle, and free memory is over tight mode's threshold, the
-    /// headroom and the low watermark (so no rule that reads free memory can start before the
-    /// next sample without a driver allocation of ours, which samples at once). Any other sample
-    /// goes back to the base gap.
+    /// that is calm, and any other sample brings it back to the base gap. Calm: what others hold
+    /// moved by less than a page since the last sample; the workload has shown its cycle; no
+    /// tight mode or pressure; free memory is at least twice the headroom and the low
+    /// watermark (only a driver allocation of ours, which samples at once, or another process
+    /// can bring it under them); and free memory is over `tight_below`, or the slabs strand at
+    /// most a quarter of the guard's budget (tight mode's exit test). Stranding can grow between
+    /// samples, so tight mode may start a gap late; the guard still refuses every placement over
+    /// its budget as it comes (robustness grid: 9 / 6 / 14 failing runs with and without).
     fn next_gap(&mut self, s: &Sample, total: u64, plan: &Plan) -> u64 {
         let base = self.policy.bounds.mem_info_interval_ops;
         let others = total.saturating_sub(s.free).saturating_sub(s.reserved);
@@ -231,7 +234,10 @@ impl Engine {
             .is_some_and(|o| o.abs_diff(others) < self.model.large_granule);
         self.last_others = Some(others);
         let lim = &self.limits;
-        let clear = s.free >= lim.tight_below.max(lim.headroom).max(lim.low_watermark);
+        let unstranded = plan
+            .strand_budget
+            .is_some_and(|b| s.stranded <= b / STRAND_CLEAR_DIVISOR);
+        let clear = s.free >= 2 * lim.headroom.max(lim.low_watermark) && (s.free >= lim.tight_below || unstranded);
         let calm = steady && clear && plan.cycle_seen && !plan.tight && !plan.pressure;
         self.sample_gap = if calm {
             self.sample_gap
