@@ -218,3 +218,40 @@ fn blocks_that_would_straddle_a_page_alternate_ends() {
         alloc.deallocate(p, 0).unwrap();
     }
 }
+
+/// A spliced block counts as what a driver allocation of it would consume, not as its parts
+/// rounded up one by one: a 1.75 MiB block on 1.5 MiB of one page's free end and 0.25 MiB of
+/// another's start is 2 MiB to the driver, where the parts alone would count 2.25 MiB (the
+/// first rounds up to a page). Stranded bytes (pages live blocks touch, less what the driver
+/// would consume for the blocks) then match the simple reference, and the strand guard sees
+/// them all.
+#[test]
+fn a_spliced_block_counts_its_own_footprint_not_its_parts() {
+    let dev = Arc::new(SimDevice::new(8 * PAGE));
+    let alloc = one_page_slabs(&dev);
+    let quarter = 512 * KIB;
+    let a: Vec<DevicePtr> = (0..4).map(|_| alloc.allocate_raw(quarter, 0).unwrap()).collect();
+    let b: Vec<DevicePtr> = (0..4).map(|_| alloc.allocate_raw(quarter, 0).unwrap()).collect();
+    // A third page with a hole in its middle that no end shows: it pins a page for 768 KiB.
+    let c = [64 * KIB, 1280 * KIB, 704 * KIB].map(|n| alloc.allocate_raw(n, 0).unwrap());
+    for p in [a[1], a[2], a[3], b[0], c[1]] {
+        alloc.deallocate(p, 0).unwrap();
+    }
+    dev.tenant_take(1, free_bytes(&dev)).unwrap();
+    let spliced = alloc.allocate_raw(1792 * KIB, 0).expect("spliced from two page ends");
+    assert!(dev.is_backed(spliced, 1792 * KIB));
+    let live = [
+        (a[0], quarter),
+        (b[1], quarter),
+        (b[2], quarter),
+        (b[3], quarter),
+        (c[0], 64 * KIB),
+        (c[2], 704 * KIB),
+    ];
+    let pages: std::collections::BTreeSet<u64> = live.iter().map(|&(p, _)| p / PAGE).collect();
+    assert_eq!(pages.len(), 3, "three pages hold the live blocks");
+    let consumed: u64 = live.iter().map(|&(_, n)| n).sum::<u64>() + PAGE;
+    assert_eq!(alloc.stats().stranded_bytes, 3 * PAGE - consumed);
+    let rest = live.iter().map(|&(p, _)| p).chain([spliced]);
+    free_all_leaves_nothing(alloc, &dev, rest.collect::<Vec<_>>());
+}

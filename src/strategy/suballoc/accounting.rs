@@ -126,23 +126,24 @@ impl Accounts {
     }
 
     /// A splice: `fresh` bytes of new pages (pinned while it lives), a block body of `body`
-    /// bytes, `consumed` bytes the driver would have consumed beyond the free ends it took.
-    pub(super) fn spliced(&mut self, fresh: u64, body: u64, consumed: u64) {
+    /// bytes, and `consumed` to bring the driver-footprint total to the block's own footprint
+    /// (the free ends it took count theirs as slab blocks; negative where they count more).
+    pub(super) fn spliced(&mut self, fresh: u64, body: u64, consumed: i64) {
         self.reserved += fresh;
         self.spliced += fresh;
         self.used += body;
         self.pinned += fresh;
-        self.consumed += consumed;
+        self.consumed = self.consumed.saturating_add_signed(consumed);
         self.check();
     }
 
     /// A splice freed: the reverse of [`spliced`](Self::spliced).
-    pub(super) fn unspliced(&mut self, fresh: u64, body: u64, consumed: u64) {
+    pub(super) fn unspliced(&mut self, fresh: u64, body: u64, consumed: i64) {
         self.reserved -= fresh;
         self.spliced -= fresh;
         self.used -= body;
         self.pinned -= fresh;
-        self.consumed -= consumed;
+        self.consumed = self.consumed.saturating_add_signed(-consumed);
         self.check();
     }
 

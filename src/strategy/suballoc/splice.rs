@@ -34,8 +34,10 @@ pub(super) struct Splice {
     back: Option<u32>,
     /// Bytes of the block on fresh pages.
     body: u64,
-    /// What was added to the driver-footprint total for the fresh part.
-    consumed: u64,
+    /// What was added to the driver-footprint total beyond the parts on held handles (which
+    /// count their own footprint as slab blocks): the block's footprint less theirs, negative
+    /// where two rounded-up parts count more than the whole block would consume.
+    consumed: i64,
 }
 
 /// A free handle end: `len` free bytes at the end (tail) or start (head) of the held handle of
@@ -84,9 +86,12 @@ impl Suballoc {
         let front = tail.map(|t| self.take_end(dev, t.node, t.page + t.handle - plan.front, plan.front));
         let back = head.map(|h| self.take_end(dev, h.node, h.page, plan.back));
         let body = bytes - plan.front - plan.back;
-        // The parts on held pages count at their own footprint (0 for an absent part).
+        // The parts on held pages count at their own footprint (0 for an absent part); the
+        // splice brings the total to the block's own footprint, as a driver allocation of it
+        // would consume (a part of 1.4 MiB rounds up to a 2 MiB page: with a second part of
+        // 0.6 MiB the parts count 2.6 MiB for a 2 MiB block).
         let parts = self.footprint(dev, plan.front) + self.footprint(dev, plan.back);
-        let consumed = footprint.saturating_sub(parts);
+        let consumed = footprint as i64 - parts as i64;
         self.acct.spliced(fresh, body, consumed);
         // The block starts in the front handle's free tail, or where its body ends the fresh
         // pages when only a back handle follows.
