@@ -22,5 +22,6 @@ pub use config::{
     SuballocPolicy,
 };
 pub(crate) use constants::FIND_EXACT_STEPS;
+pub use constants::MEM_INFO_BACKOFF;
 pub use controller::Engine;
 pub use journal::{ClassSummary, Decision, RouteChange, TimelinePoint};
