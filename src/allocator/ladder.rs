@@ -43,8 +43,12 @@ pub(super) enum Step {
     /// is done, then, waiting for their work, the rest; retry the routed strategy when any was
     /// reclaimed.
     ReclaimStreams,
-    /// Release every idle byte (cached blocks, then empty slabs and unused pages) and retry the
-    /// routed strategy once, even when nothing was idle: the refusal may have been transient.
+    /// Release idle memory (cached blocks, least recently used first, then empty slabs and
+    /// unused pages) as far as the request's footprint and retry the routed strategy; then
+    /// every idle byte and retry, even when nothing was idle: the refusal may have been
+    /// transient. The idle memory the request does not need is what the next requests of the
+    /// cycle ask for (gpu-small-fwd-fp32 at 2x peak live: 3.35 ms a pass with the whole release
+    /// on every step's out-of-memory, 0.01 with this).
     ReleaseAndRetry,
     /// A block spliced from the free ends of held slab pages and fresh pages: less new memory
     /// than the driver's own allocation would take.
@@ -194,23 +198,31 @@ impl<'a> Ladder<'a> {
         for &step in steps(Rung::OutOfMemory { release_and_retry }) {
             let found = match step {
                 Step::ReleaseAndRetry => {
-                    let released = self.st.release_idle(self.dev);
-                    let si = self.routed;
-                    match self.st.strategies[si].allocate(self.dev, self.aligned, self.stream) {
-                        Ok(g) => {
-                            tracing::info!(
-                                requested = self.aligned,
-                                released,
-                                "out of memory: released idle memory and retried"
-                            );
-                            Some((g, si))
+                    // What the request needs first (the rest of the idle memory is what the
+                    // next requests of the cycle will ask for), then everything.
+                    let need = self.dev.footprint_model().consumed(self.aligned);
+                    let mut found = None;
+                    for need in [need, u64::MAX] {
+                        let released = self.st.release_at_least(self.dev, need);
+                        if released == 0 && need != u64::MAX {
+                            continue;
                         }
-                        Err(e) if e.is_out_of_memory() => {
-                            last = e;
-                            None
+                        let si = self.routed;
+                        match self.st.strategies[si].allocate(self.dev, self.aligned, self.stream) {
+                            Ok(g) => {
+                                tracing::info!(
+                                    requested = self.aligned,
+                                    released,
+                                    "out of memory: released idle memory and retried"
+                                );
+                                found = Some((g, si));
+                                break;
+                            }
+                            Err(e) if e.is_out_of_memory() => last = e,
+                            Err(e) => return Err(e),
                         }
-                        Err(e) => return Err(e),
                     }
+                    found
                 }
                 Step::ReclaimStreams => {
                     if self.st.reclaim_streams(self.dev, Some(self.stream), true) == 0 {

@@ -61,8 +61,8 @@ impl StrategyConfig {
 pub struct AllocatorConfig {
     /// The strategy and its settings.
     pub strategy: StrategyConfig,
-    /// On a device out-of-memory, release idle memory (cached blocks, then empty slabs) and retry
-    /// once before failing. `false` models opt-in caching allocators that never give memory back.
+    /// On a device out-of-memory, release idle memory (cached blocks, then empty slabs and
+    /// pages) as far as the request needs and retry, then all of it and retry, before failing. `false` models opt-in caching allocators that never give memory back.
     pub release_on_oom: bool,
 }
 
@@ -192,16 +192,34 @@ impl State {
     }
 
     fn release_idle(&mut self, dev: &dyn Device) -> u64 {
+        self.release_at_least(dev, u64::MAX)
+    }
+
+    /// Gives idle memory back until `need` bytes are released or none is left: cached blocks
+    /// first (least recently used first; cheap to re-create), then empty slabs, then unused
+    /// pages. Returns the bytes released.
+    fn release_at_least(&mut self, dev: &dyn Device, need: u64) -> u64 {
         if self.pools.in_window() {
             return 0; // nothing goes back while a capture may be under way (pools.rs)
         }
-        // Cached blocks first (cheap to re-create), then empty slabs.
         let mut order: Vec<usize> = (0..self.strategies.len()).collect();
         order.sort_by_key(|&i| match self.strategies[i].kind() {
             StrategyKind::Caching => 0,
             _ => 1,
         });
-        let released = order.into_iter().map(|i| self.strategies[i].release_idle(dev)).sum();
+        let mut released = 0u64;
+        for i in order {
+            if released >= need {
+                break;
+            }
+            let s = &mut self.strategies[i];
+            released += if need == u64::MAX {
+                s.release_idle(dev)
+            } else {
+                let keep = s.idle_bytes().saturating_sub(need - released);
+                s.release_down_to(dev, keep, true)
+            };
+        }
         self.refresh();
         released
     }
