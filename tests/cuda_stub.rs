@@ -125,6 +125,24 @@ fn child() {
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
     vmm.unreserve(a).unwrap();
     vmm.unreserve(b).unwrap();
+    // Handles moved (retained, mapped at their new place, unmapped at the old one) are the
+    // same memory: nothing is created or given back, and they go back with their new mapping.
+    let (a, b) = (vmm.reserve(2 * PAGE).unwrap(), vmm.reserve(2 * PAGE).unwrap());
+    vmm.map(a, 2 * PAGE).unwrap();
+    vmm.move_handles(b, a, 2 * PAGE).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY - 2 * PAGE);
+    assert!(vmm.move_handles(b, a, PAGE).is_err(), "nothing is mapped at a any more");
+    vmm.map(a, PAGE).unwrap();
+    assert!(
+        vmm.move_handles(b, a, PAGE).is_err(),
+        "b is mapped: refused, nothing changes"
+    );
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY - 3 * PAGE);
+    vmm.unmap(a, PAGE).unwrap();
+    vmm.unmap(b, 2 * PAGE).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
+    vmm.unreserve(a).unwrap();
+    vmm.unreserve(b).unwrap();
     // Larger handles (8 MiB here): mapped with one access grant for the run (the stub, as the
     // driver, accepts a grant over whole mappings only), unmapped whole, several at once.
     let h = vmm.reserve(16 * PAGE).unwrap();

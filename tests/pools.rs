@@ -176,6 +176,25 @@ fn the_simulated_device_counts_what_breaks_a_capture() {
     assert_eq!(dev.capture_violations(), 1);
 }
 
+/// An allocator dropped while a window is still open gives every byte back: slabs stop
+/// unmapping while a window is open (a capture may be under way) and start again when the
+/// allocator goes away.
+#[test]
+fn an_allocator_dropped_in_a_window_gives_everything_back() {
+    let dev = Arc::new(SimDevice::builder().capacity(512 * MIB).build());
+    let alloc = Allocator::adaptive(dev.clone());
+    let outside: Vec<DevicePtr> = (1..=6).map(|i| alloc.allocate_raw(i * MIB, MAIN).unwrap()).collect();
+    window(&alloc, &dev, (1, 0));
+    let inside = alloc.allocate_raw(3 * MIB, CAPTURED).unwrap();
+    for p in outside {
+        alloc.deallocate(p, MAIN).unwrap();
+    }
+    alloc.deallocate(inside, CAPTURED).unwrap();
+    dev.end_capture(CAPTURED);
+    drop(alloc);
+    assert_eq!((dev.leak_report().blocks, dev.used_bytes()), (0, 0));
+}
+
 #[test]
 fn random_windows_keep_every_pool_to_itself() {
     let mut rng = SplitMix64(0x9001);

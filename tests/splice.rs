@@ -39,6 +39,56 @@ fn a_page_mapped_twice_is_memory_once_and_goes_back_with_its_last_mapping() {
     assert_eq!(dev.leak_report().blocks, 0);
 }
 
+/// A page moved is the same memory, mapped somewhere else: nothing created or given back, one
+/// map, one access grant and one unmap charged; it goes back with its new mapping. Refused
+/// (nothing changes): onto a mapped page, from an unmapped one, and a page with a second
+/// mapping (the move would leave that mapping naming memory the page no longer has).
+#[test]
+fn a_page_moved_is_the_same_memory_somewhere_else() {
+    let dev = SimDevice::new(4 * PAGE);
+    let vmm: &dyn VirtualMemory = dev.vmm().expect("SimDevice has vmm");
+    let (a, b, c) = (
+        vmm.reserve(2 * PAGE).unwrap(),
+        vmm.reserve(2 * PAGE).unwrap(),
+        vmm.reserve(PAGE).unwrap(),
+    );
+    vmm.map(a, 2 * PAGE).unwrap();
+    let before = dev.stats().ops;
+    vmm.move_handles(b, a, 2 * PAGE).unwrap();
+    let ops = dev.stats().ops.since(&before);
+    assert_eq!(
+        (
+            ops.create.calls,
+            ops.release.calls,
+            ops.map.calls,
+            ops.set_access.calls,
+            ops.unmap.calls
+        ),
+        (0, 0, 2, 1, 2)
+    );
+    assert_eq!(dev.used_bytes(), 2 * PAGE);
+    assert!(dev.is_backed(b, 2 * PAGE) && !dev.is_backed(a, PAGE));
+    assert_eq!(dev.physical_page(b + PAGE), Some(b + PAGE), "first mapped here now");
+    vmm.map(a, PAGE).unwrap();
+    vmm.map_alias(c, a, PAGE).unwrap();
+    for r in [
+        vmm.move_handles(b, a, PAGE),
+        vmm.move_handles(a + PAGE, a + PAGE, PAGE),
+        vmm.move_handles(a + PAGE, a, PAGE),
+    ] {
+        assert!(matches!(r, Err(DeviceError::UnknownPointer { .. })), "{r:?}");
+    }
+    assert_eq!(dev.used_bytes(), 3 * PAGE);
+    vmm.unmap_alias(c, PAGE).unwrap();
+    vmm.unmap(a, PAGE).unwrap();
+    vmm.unmap(b, 2 * PAGE).unwrap();
+    assert_eq!(dev.used_bytes(), 0);
+    for r in [a, b, c] {
+        vmm.unreserve(r).unwrap();
+    }
+    assert_eq!(dev.leak_report().blocks, 0);
+}
+
 /// A handle larger than a page is mapped again whole, never in part (cuMemMap maps a handle from
 /// offset 0).
 #[test]

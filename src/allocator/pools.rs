@@ -142,6 +142,9 @@ impl State {
             }
         };
         self.pools.active.push((slot, id, filter));
+        for s in &mut self.strategies {
+            s.freeze(true);
+        }
     }
 
     /// [`Allocator::end_pool`](super::Allocator::end_pool): the pool's latest window ends; when
@@ -157,6 +160,9 @@ impl State {
         };
         drop(self.pools.active.remove(at));
         if !self.pools.in_window() {
+            for s in &mut self.strategies {
+                s.freeze(false);
+            }
             for (ptr, live) in std::mem::take(&mut self.pools.held) {
                 Shared::release_block(self, dev, ptr, live);
             }

@@ -278,6 +278,22 @@ impl VirtualMemory for CudaDevice {
         self.unmap_range(ptr, bytes, false)
     }
 
+    fn move_handles(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        // The handles are released right after mapping (module doc): the new mapping keeps the
+        // memory once the old one is gone, and `allocated_bytes` does not change.
+        let handle = self.mappings.lock().get(&src).copied().unwrap_or(self.page());
+        if bytes == 0 || bytes % handle != 0 {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        self.map_range(ptr, Some(src), bytes, handle)?;
+        if let Err(e) = self.unmap_range(src, bytes, false) {
+            // Failure changes nothing: the memory stays where it was.
+            let _ = self.unmap_range(ptr, bytes, false);
+            return Err(e);
+        }
+        Ok(())
+    }
+
     fn quiesce(&self) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
         // SAFETY: the device's context is current on this thread; the call takes no pointers.

@@ -182,6 +182,10 @@ impl VirtualMemory for Metered {
         self.frees.fetch_add(1, Ordering::Relaxed);
         self.vm().unmap_alias(ptr, bytes)
     }
+    /// Memory already held, mapped elsewhere: counted as a call, holds no more bytes.
+    fn move_handles(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.mapped(0, self.vm().move_handles(ptr, src, bytes))
+    }
     fn quiesce(&self) -> Result<(), DeviceError> {
         self.vm().quiesce()
     }

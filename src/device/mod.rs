@@ -100,6 +100,14 @@ pub trait VirtualMemory: Send + Sync {
     /// Undoes [`map_alias`](VirtualMemory::map_alias) at `ptr..ptr+bytes`; the memory stays
     /// mapped where it was first.
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
+    /// Moves the physical handles mapped at `src..src+bytes` (whole handles, first mappings
+    /// with no second one) to `ptr..ptr+bytes` (page-aligned, inside a reservation, unmapped):
+    /// they are mapped there and unmapped at `src`, as if first mapped at `ptr`. No memory is
+    /// created or given back: a handle recycled costs a map, an access grant and an unmap
+    /// instead of an unmap, a release, a create and a map. Failure changes nothing. The caller
+    /// quiesces first (the memory at `src` may still be used by queued work). CUDA:
+    /// cuMemRetainAllocationHandle on `src`, cuMemMap, cuMemSetAccess, cuMemUnmap of `src`.
+    fn move_handles(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
     /// Waits until no queued work can touch memory about to be unmapped. Unmapping is not
     /// stream-ordered (CUDA's cuMemUnmap neither waits for kernels nor is queued behind them:
     /// unmapping pages a kernel still uses is an illegal memory access), so callers quiesce once

@@ -182,6 +182,14 @@ impl Strategy {
         }
     }
 
+    /// While on, nothing is unmapped or moved to place a block (a private pool's window is
+    /// open); see [`Suballoc::freeze`].
+    pub fn freeze(&mut self, on: bool) {
+        if let Strategy::Suballoc(s) = self {
+            s.freeze(on);
+        }
+    }
+
     /// Blocks freed on `stream` become usable by every stream.
     pub fn synchronize_stream(&mut self, stream: StreamId) {
         match self {

@@ -238,6 +238,11 @@ impl PageMap {
         if hd.len == 1 { hd.refs > 0 } else { hd.live > 0 }
     }
 
+    /// Every handle mapped here is one page: any idle one can be moved to any unmapped page.
+    pub(crate) fn pages_only(&self) -> bool {
+        !self.larger_handles
+    }
+
     /// Some mapped handle has no live block: a quick test before a walk.
     #[inline]
     pub(crate) fn has_idle_handles(&self) -> bool {

@@ -172,6 +172,9 @@ pub struct Suballoc {
     /// `now` when the device last quiesced ([`quiesce`](Self::quiesce)): unmapping needs no
     /// new synchronization until the next free.
     quiesced_at: Option<u64>,
+    /// A capture may be under way (a private pool's window is open): no quiesce, so nothing is
+    /// unmapped or moved ([`freeze`](Suballoc::freeze)).
+    frozen: bool,
     /// Page maps of slabs backed by virtual memory, by slab id (None: a whole driver allocation).
     pages: Vec<Option<PageMap>>,
     /// When set, a placement that would leave `pinned` over `consumed` by more than this is
@@ -209,6 +212,7 @@ impl Suballoc {
             roomy_above: 0,
             now: 0,
             quiesced_at: None,
+            frozen: false,
             pages: Vec::new(),
             strand_budget: None,
             model: None,
@@ -359,6 +363,12 @@ impl Suballoc {
     /// Turns size segregation of new slabs on or off (existing slabs keep their pool).
     pub fn set_segregate(&mut self, on: bool) {
         self.config.segregate = on;
+    }
+
+    /// While on, nothing is unmapped or moved (every unmap waits on a quiesce, which is
+    /// refused): a private pool's window is open, and a CUDA graph capture may be under way.
+    pub fn freeze(&mut self, on: bool) {
+        self.frozen = on;
     }
 
     /// Caps how much a new slab may take beyond what its request needs.

@@ -1,11 +1,11 @@
 //! Page-backed slabs of the suballocator: mapping the pages a new block needs, and giving back
 //! pages no live block touches (the page bookkeeping itself is `strategy::pages`).
 
-use crate::device::Device;
+use crate::device::{Device, DevicePtr};
 use crate::error::DeviceError;
 use crate::size::round_up;
 
-use super::{SlabBacking, Suballoc};
+use super::{PageMap, SlabBacking, Suballoc};
 
 impl Suballoc {
     /// Where in free node `idx` a block of `bytes` should start, as an offset from the node's
@@ -138,6 +138,9 @@ impl Suballoc {
         } else {
             runs.iter().map(|&(off, len)| (off, len, page)).collect()
         };
+        if pieces.iter().all(|&(_, _, handle)| handle == page) && pm.pages_only() {
+            return self.map_pages(dev, n.slab, &runs, page);
+        }
         let mut done: Vec<(u64, u64)> = Vec::new();
         for &(off, len, handle) in &pieces {
             if let Err(e) = vmm.map_handles(slab.base + off, len, handle) {
@@ -155,6 +158,118 @@ impl Suballoc {
         }
         self.acct.held(slab.pool, added);
         Ok(true)
+    }
+
+    /// Backs unmapped `runs` of slab `id` page by page. Idle pages of other slabs are moved
+    /// there first when new ones would take free memory under the headroom (the controller's
+    /// slab limit), and after the device refuses new ones: a page recycled costs a map, an
+    /// access grant and an unmap, against an unmap and a release where it was, then a create
+    /// and a map here. The rest are created. On failure the pages created here are unmapped;
+    /// those moved stay, idle and mapped.
+    fn map_pages(&mut self, dev: &dyn Device, id: u32, runs: &[(u64, u64)], page: u64) -> Result<bool, DeviceError> {
+        let vmm = dev.vmm().expect("a paged slab's device has vmm");
+        let slab = self.slabs[id];
+        let mut todo: Vec<u64> = runs
+            .iter()
+            .flat_map(|&(off, len)| (off..off + len).step_by(page as usize))
+            .collect();
+        let room = usize::try_from(self.slab_limit / page).unwrap_or(usize::MAX);
+        if todo.len() > room && dev.stats().ops.recycling_pays() {
+            let moved = self.recycle(dev, id, &todo[room..], page);
+            todo.drain(room..room + moved);
+        }
+        let mut done: Vec<(u64, u64)> = Vec::new();
+        let mut result = Ok(());
+        let mut i = 0;
+        for (off, len) in page_runs(&todo, page) {
+            if let Err(e) = vmm.map_handles(slab.base + off, len, page) {
+                result = Err(e);
+                break;
+            }
+            done.push((off, len));
+            i += (len / page) as usize;
+        }
+        if let Err(e) = result {
+            let recycle = e.is_out_of_memory() && dev.stats().ops.recycling_pays();
+            let moved = if recycle {
+                self.recycle(dev, id, &todo[i..], page)
+            } else {
+                0
+            };
+            if i + moved < todo.len() {
+                for &(o, l) in &done {
+                    let _ = vmm.unmap(slab.base + o, l);
+                }
+                return Err(e);
+            }
+        }
+        let pm = self.pages[id as usize].as_mut().expect("a paged slab");
+        let mut added = 0;
+        for (off, len) in done {
+            pm.mark_mapped(off, len, page);
+            added += len;
+        }
+        self.acct.held(slab.pool, added);
+        Ok(true)
+    }
+
+    /// Moves idle pages of other paged slabs (every handle a page) onto `targets` (unmapped
+    /// page offsets in slab `id`, in order) until they run out; returns how many targets were
+    /// filled, each marked mapped. One quiesce first: the pages moved may hold freed blocks
+    /// whose work is still queued. Cold.
+    #[cold]
+    fn recycle(&mut self, dev: &dyn Device, id: u32, targets: &[u64], page: u64) -> usize {
+        let Some(vmm) = dev.vmm() else { return 0 };
+        let donor = |i: usize, pm: &Option<PageMap>| {
+            i != id as usize && pm.as_ref().is_some_and(|pm| pm.has_idle_handles() && pm.pages_only())
+        };
+        if targets.is_empty() || !self.pages.iter().enumerate().any(|(i, pm)| donor(i, pm)) || !self.quiesce(dev) {
+            return 0;
+        }
+        let want = targets.len() as u64 * page;
+        let mut donors: Vec<DevicePtr> = Vec::new();
+        for d in 0..self.pages.len() {
+            let taken = donors.len() as u64 * page;
+            if taken >= want {
+                break;
+            }
+            if !donor(d, &self.pages[d]) {
+                continue;
+            }
+            let (base, pool) = (self.slabs[d as u32].base, self.slabs[d as u32].pool);
+            let pm = self.pages[d].as_mut().expect("a donor is paged");
+            for (off, len) in pm.take_unused_runs(want - taken) {
+                self.acct.given_back(pool, len);
+                donors.extend((off..off + len).step_by(page as usize).map(|o| base + o));
+            }
+        }
+        let slab = self.slabs[id];
+        let mut filled = 0;
+        let n = donors.len().min(targets.len());
+        while filled < n {
+            let mut j = filled + 1;
+            while j < n && donors[j] == donors[j - 1] + page && targets[j] == targets[j - 1] + page {
+                j += 1;
+            }
+            let len = (j - filled) as u64 * page;
+            if let Err(e) = vmm.move_handles(slab.base + targets[filled], donors[filled], len) {
+                tracing::warn!(error = %e, "moving idle pages failed; they go back instead");
+                break;
+            }
+            let pm = self.pages[id as usize].as_mut().expect("a paged slab");
+            pm.mark_mapped(targets[filled], len, page);
+            self.acct.held(slab.pool, len);
+            filled = j;
+        }
+        // Pages taken but not moved (the last run may pass what was asked, or a move failed):
+        // given back, as `unmap_unused` would.
+        for &d in &donors[filled..] {
+            if let Err(e) = vmm.unmap(d, page) {
+                tracing::error!(ptr = d, error = %e, "unmap failed; page forgotten");
+            }
+        }
+        self.drop_unmapped_empty(dev);
+        filled
     }
 
     /// Unmaps pages no live block touches, in every paged slab, until `want` bytes are given
@@ -184,7 +299,12 @@ impl Suballoc {
                 self.acct.given_back(pool, len);
             }
         }
-        // Empty slabs with nothing mapped cost nothing but address space: drop them.
+        self.drop_unmapped_empty(dev);
+        released
+    }
+
+    /// Empty slabs with nothing mapped cost nothing but address space: drops them.
+    fn drop_unmapped_empty(&mut self, dev: &dyn Device) {
         let unmapped_empty: Vec<u32> = self
             .empty
             .iter()
@@ -194,7 +314,6 @@ impl Suballoc {
         for id in unmapped_empty {
             let _ = self.release_slab(dev, id);
         }
-        released
     }
 
     /// Idle bytes that can be given back now: empty slabs, and in paged slabs every mapped
@@ -226,6 +345,18 @@ impl Suballoc {
         }
         released
     }
+}
+
+/// Page offsets (ascending) as runs of consecutive pages, `(offset, len)`.
+fn page_runs(pages: &[u64], page: u64) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &p in pages {
+        match runs.last_mut() {
+            Some((s, l)) if *s + *l == p => *l += page,
+            _ => runs.push((p, page)),
+        }
+    }
+    runs
 }
 
 /// Under `SlabBacking::Blocks`, how unmapped `runs` under a block at `start..end` are backed,

@@ -198,6 +198,9 @@ impl Suballoc {
     /// every unmap until the next free: the operation count of the last free (`now`) marks it.
     /// False (logged) when the device cannot synchronize; the caller then unmaps nothing.
     pub(super) fn quiesce(&mut self, dev: &dyn Device) -> bool {
+        if self.frozen {
+            return false;
+        }
         if self.quiesced_at == Some(self.now) {
             return true;
         }

@@ -1,0 +1,286 @@
+//! SimDevice's virtual memory: reservations, handles mapped (and mapped again, and moved) as
+//! CUDA's cuMemAddressReserve / cuMemCreate / cuMemMap / cuMemUnmap do, each priced by the cost
+//! model.
+
+use super::{SimDevice, State};
+use crate::device::{DevicePtr, VirtualMemory};
+use crate::error::DeviceError;
+use crate::size::{align_up, round_up};
+
+impl SimDevice {
+    /// The reservation holding `ptr..ptr+bytes`, if any: (base, size, mapped).
+    fn reservation_of(s: &State, ptr: DevicePtr, bytes: u64) -> Option<(DevicePtr, u64, u64)> {
+        let (&base, &(size, mapped)) = s.reservations.range(..=ptr).next_back()?;
+        (ptr + bytes <= base + size).then_some((base, size, mapped))
+    }
+}
+
+impl SimDevice {
+    /// Whether `ptr..ptr+bytes` is backed by memory: true outside reservations (driver
+    /// allocations), and inside one only when every page under it is mapped. Tests check every
+    /// live block with it.
+    pub fn is_backed(&self, ptr: DevicePtr, bytes: u64) -> bool {
+        let s = self.state.lock();
+        if Self::reservation_of(&s, ptr, bytes.max(1)).is_none() {
+            return true;
+        }
+        let page = self.granularity.large_granule;
+        let first = ptr / page * page;
+        (first..ptr + bytes)
+            .step_by(page as usize)
+            .all(|p| s.mapped_pages.contains_key(&p))
+    }
+}
+
+impl SimDevice {
+    /// The physical page behind the mapped page at `ptr` (named by the address it was first
+    /// mapped at; a page mapped again by `map_alias` names the same one), or None when `ptr` is
+    /// on no mapped page. Tests count memory by it.
+    pub fn physical_page(&self, ptr: DevicePtr) -> Option<DevicePtr> {
+        let page = self.granularity.large_granule;
+        self.state.lock().mapped_pages.get(&(ptr / page * page)).copied()
+    }
+}
+
+impl VirtualMemory for SimDevice {
+    fn page_size(&self) -> u64 {
+        self.granularity.large_granule
+    }
+
+    fn reserve(&self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let page = self.page_size();
+        let mut s = self.state.lock();
+        s.stats.ops.reserve.charge(1, self.cost.vmm.reserve_ns);
+        let ptr = align_up(s.cursor, page);
+        s.cursor = ptr + round_up(bytes, page);
+        s.reservations.insert(ptr, (round_up(bytes, page), 0));
+        Ok(ptr)
+    }
+
+    fn unreserve(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        match s.reservations.get(&ptr) {
+            Some(&(_, 0)) => {
+                s.reservations.remove(&ptr);
+                s.stats.ops.unreserve.charge(1, self.cost.vmm.unreserve_ns);
+                Ok(())
+            }
+            _ => Err(DeviceError::UnknownPointer { ptr }),
+        }
+    }
+
+    /// As `CudaDevice` maps: a handle per page, each created and mapped, and one access
+    /// grant for the run.
+    fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.map_new(ptr, bytes, self.page_size())
+    }
+
+    fn map_handles(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+        self.map_new(ptr, bytes, handle)
+    }
+
+    fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.captures.check("unmap");
+        self.drop_mappings(ptr, bytes, false)
+    }
+
+    fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        let page = self.page_size();
+        let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        let pages = (0..bytes).step_by(page as usize);
+        // Whole handles only, as cuMemMap maps them (from offset 0).
+        let handles = s.handles.range(src..src + bytes.max(1));
+        let whole = s.handles.contains_key(&src) && handles.clone().all(|(&h, &len)| h + len <= src + bytes);
+        if ptr % page != 0
+            || src % page != 0
+            || !whole
+            || pages.clone().any(|o| s.mapped_pages.contains_key(&(ptr + o)))
+            || pages.clone().any(|o| !s.mapped_pages.contains_key(&(src + o)))
+        {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        // A retained handle per handle (cuMemRetainAllocationHandle: no price of its own), each
+        // mapped, and one access grant for the run.
+        let n = handles.count() as u64;
+        self.admit(&mut s, bytes, 0)?;
+        s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
+        s.stats.ops.set_access.charge(1, self.cost.vmm.set_access_ns);
+        for o in pages {
+            let phys = s.mapped_pages[&(src + o)];
+            *s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page") += 1;
+            s.mapped_pages.insert(ptr + o, phys);
+        }
+        s.reservations.get_mut(&base).expect("found above").1 += bytes;
+        s.stats.driver_allocs += 1;
+        Ok(())
+    }
+
+    fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.captures.check("unmap_alias");
+        self.drop_mappings(ptr, bytes, true)
+    }
+
+    /// Each handle mapped at its new place, one access grant for the run, each unmapped at its
+    /// old one; the physical pages take the new addresses as their names.
+    fn move_handles(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
+        self.captures.check("move_handles");
+        let mut s = self.state.lock();
+        let page = self.page_size();
+        let (Some((dst_base, _, _)), Some((src_base, _, src_mapped))) = (
+            Self::reservation_of(&s, ptr, bytes),
+            Self::reservation_of(&s, src, bytes),
+        ) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        let end = src + bytes;
+        let whole = s
+            .handles
+            .range(..src)
+            .next_back()
+            .is_none_or(|(&h, &len)| h + len <= src)
+            && s.handles.range(src..end).all(|(&h, &len)| h + len <= end);
+        let pages = (0..bytes).step_by(page as usize);
+        if bytes == 0
+            || ptr % page != 0
+            || src % page != 0
+            || src_mapped < bytes
+            || !whole
+            || pages.clone().any(|o| s.mapped_pages.contains_key(&(ptr + o)))
+            // First mappings with no second one: the page's own name, one reference.
+            || pages.clone().any(|o| {
+                s.mapped_pages.get(&(src + o)) != Some(&(src + o)) || s.phys_refs.get(&(src + o)) != Some(&1)
+            })
+        {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        let starts: Vec<(DevicePtr, u64)> = s.handles.range(src..end).map(|(&h, &len)| (h, len)).collect();
+        for &(h, len) in &starts {
+            s.handles.remove(&h);
+            s.handles.insert(ptr + (h - src), len);
+        }
+        for o in pages {
+            s.mapped_pages.remove(&(src + o));
+            s.phys_refs.remove(&(src + o));
+            s.mapped_pages.insert(ptr + o, ptr + o);
+            s.phys_refs.insert(ptr + o, 1);
+        }
+        s.reservations.get_mut(&src_base).expect("found above").1 -= bytes;
+        s.reservations.get_mut(&dst_base).expect("found above").1 += bytes;
+        let n = starts.len() as u64;
+        s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
+        s.stats.ops.set_access.charge(1, self.cost.vmm.set_access_ns);
+        s.stats.ops.unmap.charge(n, self.cost.vmm.unmap_ns);
+        Ok(())
+    }
+
+    /// Counted and charged (no work runs on the simulated device; the cost model prices the
+    /// wait a real one would make).
+    fn quiesce(&self) -> Result<(), DeviceError> {
+        self.captures.check("quiesce");
+        self.quiesces.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut s = self.state.lock();
+        s.stats.ops.unmap_sync.charge(1, self.cost.vmm.unmap_sync_ns);
+        Ok(())
+    }
+}
+
+impl SimDevice {
+    /// Backs `ptr..ptr+bytes` with new physical handles of `handle` bytes each (a page multiple
+    /// dividing `bytes`): each created and mapped, and access granted once for the range.
+    fn map_new(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        let page = self.page_size();
+        if bytes == 0
+            || ptr % page != 0
+            || handle == 0
+            || handle % page != 0
+            || bytes % handle != 0
+            || (ptr..ptr + bytes)
+                .step_by(page as usize)
+                .any(|p| s.mapped_pages.contains_key(&p))
+        {
+            // The driver refuses to map over a mapping, or off the granularity.
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        // Creating the first handle is where a real device runs out of memory.
+        s.stats.ops.create.charge(1, self.cost.vmm.create_ns.ns(handle));
+        self.admit(&mut s, bytes, bytes)?;
+        let n = bytes / handle;
+        s.stats.ops.create.charge(n - 1, self.cost.vmm.create_ns.ns(handle));
+        s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
+        s.stats.ops.set_access.charge(1, self.cost.vmm.set_access_ns);
+        for p in (ptr..ptr + bytes).step_by(page as usize) {
+            s.mapped_pages.insert(p, p);
+            s.phys_refs.insert(p, 1);
+        }
+        for h in (ptr..ptr + bytes).step_by(handle as usize) {
+            s.handles.insert(h, handle);
+        }
+        s.used += bytes;
+        s.reservations.get_mut(&base).expect("found above").1 += bytes;
+        s.stats.driver_allocs += 1;
+        s.stats.allocated_bytes += bytes;
+        Ok(())
+    }
+
+    /// Unmaps `ptr..ptr+bytes`, which must be inside a reservation: first mappings (whole
+    /// handles only, as cuMemUnmap takes them), or with `alias` second ones. A physical page's
+    /// memory goes back with its last mapping.
+    fn drop_mappings(&self, ptr: DevicePtr, bytes: u64, alias: bool) -> Result<(), DeviceError> {
+        let mut s = self.state.lock();
+        let Some((base, _, mapped)) = Self::reservation_of(&s, ptr, bytes) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        let page = self.page_size();
+        if mapped < bytes
+            || (ptr..ptr + bytes)
+                .step_by(page as usize)
+                .any(|p| s.mapped_pages.get(&p).is_none_or(|&phys| (phys != p) != alias))
+        {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        let mappings = if alias {
+            bytes / page
+        } else {
+            let end = ptr + bytes;
+            let splits_one = s
+                .handles
+                .range(..ptr)
+                .next_back()
+                .is_some_and(|(&h, &len)| h + len > ptr)
+                || s.handles.range(ptr..end).any(|(&h, &len)| h + len > end);
+            if splits_one {
+                // cuMemUnmap takes whole mappings only.
+                return Err(DeviceError::UnknownPointer { ptr });
+            }
+            let starts: Vec<DevicePtr> = s.handles.range(ptr..end).map(|(&h, _)| h).collect();
+            for h in &starts {
+                s.handles.remove(h);
+            }
+            starts.len() as u64
+        };
+        let mut freed = 0;
+        for p in (ptr..ptr + bytes).step_by(page as usize) {
+            let phys = s.mapped_pages.remove(&p).expect("checked above");
+            let refs = s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page");
+            *refs -= 1;
+            if *refs == 0 {
+                s.phys_refs.remove(&phys);
+                freed += page;
+            }
+        }
+        s.used -= freed;
+        s.reservations.get_mut(&base).expect("found above").1 -= bytes;
+        s.stats.driver_frees += 1;
+        s.stats.allocated_bytes -= freed;
+        s.stats.ops.unmap.charge(mappings, self.cost.vmm.unmap_ns);
+        s.stats.ops.release.charge(mappings, self.cost.vmm.release_ns);
+        Ok(())
+    }
+}
