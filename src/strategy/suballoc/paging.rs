@@ -234,14 +234,8 @@ impl Suballoc {
             return 0;
         }
         let want = targets.len() as u64 * page;
-        // The newest slabs give first: the oldest hold the long-lived blocks, and the idle
-        // pages around them are the ones the cycle reuses in place. (Steady state at 1.1x
-        // passthrough's minimum summed over the 17 workloads: newest first 2590 ms a pass,
-        // oldest first 2612, the largest idle share first 2606, no page moved 3108; newest
-        // first costs at most 0.2 ms a pass more than no move on every workload but
-        // cpu-resnet18-train, 14 ms, where oldest first cost more than no move on two.)
         let mut donors: Vec<DevicePtr> = Vec::new();
-        for d in (0..self.pages.len()).rev() {
+        for d in 0..self.pages.len() {
             let taken = donors.len() as u64 * page;
             if taken >= want {
                 break;
