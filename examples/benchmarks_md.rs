@@ -141,15 +141,23 @@ fn main() {
          are backed by 2 MiB physical handles (a cuMemCreate and a cuMemMap each, 193 us and 1.45 us in the \
          A100 figures the default model takes) so that free memory inside slabs in use can go back to the \
          device, which is what lets it complete every workload down to passthrough's exact minimum; PyTorch's \
-         allocator maps its footprint in a few hundred cudaMalloc segments. `suballoc.backing = \"whole\"` or \
-         `\"large-handles\"` trade that promise for time; tuning/reports/peers.md has the targets, the same \
-         under the cheaper published prices (vmm-fast.toml), and the time by kind of driver operation; \
-         tuning/reports/steady.md (`cargo run --release --example steady_eval`) splits each workload's time \
-         into warm-up and steady state per pass against pytorch, pytorch-expandable and cuda-async-retain, \
-         under both cost models, with every miss of issue 24's targets. Since idle memory is kept up to the \
-         workload's own peak, the steady state costs 2.1 ms a pass summed over the 17 workloads at 4x peak \
-         live (was 2.8) and 5.5 ms at 2x (was 500); the first pass, backed page by page, is still about 25x \
-         PyTorch's.\n"
+         allocator maps its footprint in a few hundred cudaMalloc segments. `suballoc.backing = \"whole\"`, \
+         `\"large-handles\"` or `\"blocks\"` trade that promise for time (README.md has what each costs and \
+         fails); tuning/reports/peers.md has the targets, the same under the cheaper published prices \
+         (vmm-fast.toml), and the time by kind of driver operation; tuning/reports/steady.md (`cargo run \
+         --release --example steady_eval`) splits each workload's time into warm-up and steady state per pass \
+         against pytorch, pytorch-expandable and cuda-async-retain, under both cost models, with every miss of \
+         issue 24's targets. Summed over the 17 workloads under the default model, the steady state costs \
+         0.11 ms a pass at 4x peak live and 0.12 ms at 2x (free memory is sampled less while nothing else \
+         changes it, and out of memory gives back what the request needs first), 599 ms at 1.5x (small-churn \
+         564 of it) and 211 ms at 1.1x passthrough's minimum where PyTorch completes (idle pages are moved \
+         where new ones would take the headroom, where the prices say a move is cheaper); the first pass, \
+         backed page by page, is still about 25x PyTorch's. Handles shaped to blocks (`suballoc.backing = \
+         \"blocks\"`, opt-in) take the warm-up to 2811 / 2149 / 981 ms at 1.5x / 2x / 4x peak live (pages: \
+         6010 / 5524 / 5520) and 842 / 310 / 115 ms under vmm-fast.toml (pages: 761 / 264 / 260), at the \
+         price of more failing runs near passthrough's exact minimum; the tuning report recommends them after \
+         a run that came near filling the device without running short, and replay keeps that advice only \
+         where it pays under the run's own prices, first pass and every pass after.\n"
     );
     for (label, capacity, repeat) in [
         ("device 1.1x peak live", Capacity::Factor(1.1), 1),
