@@ -96,14 +96,15 @@ impl DriverOps {
     /// cuMemUnmap) costs less than creating one there while an idle one is released elsewhere
     /// (cuMemCreate and cuMemRelease), at the mean prices these calls have had so far: the
     /// prices the device has shown (measured on a GPU, modelled on SimDevice), not constants.
-    /// True until every one of the five has been seen: at the published A100 prices a move
+    /// A tie goes to the move (the memory stays held rather than going back to be asked for
+    /// again). True until every one of the five has been seen: at the published A100 prices a move
     /// costs about 63 us against 203 (the default cost model); at `vmm-fast.toml`'s, 33
     /// against 18, and pages are created instead.
     pub fn recycling_pays(&self) -> bool {
         let prices = [self.map, self.set_access, self.unmap, self.create, self.release].map(|t| t.mean_ns());
         match prices {
             [Some(map), Some(access), Some(unmap), Some(create), Some(release)] => {
-                map + access + unmap < create + release
+                map + access + unmap <= create + release
             }
             _ => true,
         }
