@@ -8,7 +8,9 @@ use adaptalloc::CudaDevice;
 
 pub fn build_stub(tag: &str) -> Result<PathBuf, String> {
     let src = super::project_root().join("tests/stub/libcuda.c");
-    let dir = std::env::temp_dir().join(format!("adaptalloc-stub-{tag}-{}", std::process::id()));
+    // Under the build directory (cargo sets CARGO_TARGET_TMPDIR for integration tests), not the
+    // system temp dir: a test that fails before removing its copy leaves it there.
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("adaptalloc-stub-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let lib = dir.join("libcuda.so");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
