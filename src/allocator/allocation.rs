@@ -22,9 +22,7 @@ impl Drop for Shared {
         }
         let st = self.state.get_mut();
         let held = st.pools.close_window();
-        for s in &mut st.strategies {
-            s.freeze(false);
-        }
+        st.freeze(false);
         let leaked: Vec<(DevicePtr, Live)> = st.live.drain();
         if !leaked.is_empty() {
             let bytes: u64 = leaked.iter().map(|(_, l)| l.requested).sum();

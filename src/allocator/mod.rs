@@ -62,7 +62,8 @@ pub struct AllocatorConfig {
     /// The strategy and its settings.
     pub strategy: StrategyConfig,
     /// On a device out-of-memory, release idle memory (cached blocks, then empty slabs and
-    /// pages) as far as the request needs and retry, then all of it and retry, before failing. `false` models opt-in caching allocators that never give memory back.
+    /// pages) as far as the request needs and retry, then all of it and retry, before failing.
+    /// `false` models opt-in caching allocators that never give memory back.
     pub release_on_oom: bool,
 }
 
@@ -193,6 +194,15 @@ impl State {
 
     fn release_idle(&mut self, dev: &dyn Device) -> u64 {
         self.release_at_least(dev, u64::MAX)
+    }
+
+    /// While a private pool's window is open nothing is unmapped or moved to place a block
+    /// (a capture may be under way); on when the first window opens, off when the last closes
+    /// or the allocator goes away.
+    fn freeze(&mut self, on: bool) {
+        for s in &mut self.strategies {
+            s.freeze(on);
+        }
     }
 
     /// Gives idle memory back until `need` bytes are released or none is left: cached blocks

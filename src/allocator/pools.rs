@@ -142,9 +142,7 @@ impl State {
             }
         };
         self.pools.active.push((slot, id, filter));
-        for s in &mut self.strategies {
-            s.freeze(true);
-        }
+        self.freeze(true);
     }
 
     /// [`Allocator::end_pool`](super::Allocator::end_pool): the pool's latest window ends; when
@@ -160,9 +158,7 @@ impl State {
         };
         drop(self.pools.active.remove(at));
         if !self.pools.in_window() {
-            for s in &mut self.strategies {
-                s.freeze(false);
-            }
+            self.freeze(false);
             for (ptr, live) in std::mem::take(&mut self.pools.held) {
                 Shared::release_block(self, dev, ptr, live);
             }

@@ -191,6 +191,11 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
+    /// The size of the handle mapped at `va`: a page, unless `map_handles` mapped a larger one.
+    fn handle_at(&self, va: DevicePtr) -> u64 {
+        self.mappings.lock().get(&va).copied().unwrap_or(self.page())
+    }
+
     /// Unmaps the mappings of `ptr..ptr+bytes`, each whole (cuMemUnmap only unmaps whole
     /// mappings): a page each, or a larger handle where `map_handles` mapped one. All are
     /// tried, the first error is returned.
@@ -267,7 +272,7 @@ impl VirtualMemory for CudaDevice {
     fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         // Pages one by one, or the one larger handle mapped at `src`, whole (cuMemMap maps a
         // handle from offset 0).
-        let handle = self.mappings.lock().get(&src).copied().unwrap_or(self.page());
+        let handle = self.handle_at(src);
         if handle != self.page() && handle != bytes {
             return Err(DeviceError::UnknownPointer { ptr });
         }
@@ -281,7 +286,7 @@ impl VirtualMemory for CudaDevice {
     fn move_handles(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         // The handles are released right after mapping (module doc): the new mapping keeps the
         // memory once the old one is gone, and `allocated_bytes` does not change.
-        let handle = self.mappings.lock().get(&src).copied().unwrap_or(self.page());
+        let handle = self.handle_at(src);
         if bytes == 0 || bytes % handle != 0 {
             return Err(DeviceError::UnknownPointer { ptr });
         }

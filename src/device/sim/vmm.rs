@@ -136,18 +136,12 @@ impl VirtualMemory for SimDevice {
             return Err(DeviceError::UnknownPointer { ptr });
         };
         let end = src + bytes;
-        let whole = s
-            .handles
-            .range(..src)
-            .next_back()
-            .is_none_or(|(&h, &len)| h + len <= src)
-            && s.handles.range(src..end).all(|(&h, &len)| h + len <= end);
         let pages = (0..bytes).step_by(page as usize);
         if bytes == 0
             || ptr % page != 0
             || src % page != 0
             || src_mapped < bytes
-            || !whole
+            || Self::splits_a_handle(&s, src, end)
             || pages.clone().any(|o| s.mapped_pages.contains_key(&(ptr + o)))
             // First mappings with no second one: the page's own name, one reference.
             || pages.clone().any(|o| {
@@ -229,6 +223,16 @@ impl SimDevice {
         Ok(())
     }
 
+    /// Some handle is mapped partly inside `start..end` and partly outside it (cuMemUnmap and
+    /// cuMemMap take whole handles only).
+    fn splits_a_handle(s: &State, start: DevicePtr, end: DevicePtr) -> bool {
+        s.handles
+            .range(..start)
+            .next_back()
+            .is_some_and(|(&h, &len)| h + len > start)
+            || s.handles.range(start..end).any(|(&h, &len)| h + len > end)
+    }
+
     /// Unmaps `ptr..ptr+bytes`, which must be inside a reservation: first mappings (whole
     /// handles only, as cuMemUnmap takes them), or with `alias` second ones. A physical page's
     /// memory goes back with its last mapping.
@@ -249,13 +253,7 @@ impl SimDevice {
             bytes / page
         } else {
             let end = ptr + bytes;
-            let splits_one = s
-                .handles
-                .range(..ptr)
-                .next_back()
-                .is_some_and(|(&h, &len)| h + len > ptr)
-                || s.handles.range(ptr..end).any(|(&h, &len)| h + len > end);
-            if splits_one {
+            if Self::splits_a_handle(&s, ptr, end) {
                 // cuMemUnmap takes whole mappings only.
                 return Err(DeviceError::UnknownPointer { ptr });
             }

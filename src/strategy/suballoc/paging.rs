@@ -197,8 +197,7 @@ impl Suballoc {
             i += (len / page) as usize;
         }
         if let Err(e) = result {
-            let recycle = e.is_out_of_memory() && recycles();
-            let moved = if recycle {
+            let moved = if e.is_out_of_memory() && recycles() {
                 self.recycle(dev, id, &todo[i..], page)
             } else {
                 0
@@ -227,29 +226,20 @@ impl Suballoc {
     #[cold]
     fn recycle(&mut self, dev: &dyn Device, id: u32, targets: &[u64], page: u64) -> usize {
         let Some(vmm) = dev.vmm() else { return 0 };
-        let donor = |i: usize, pm: &Option<PageMap>| {
-            i != id as usize && pm.as_ref().is_some_and(|pm| pm.has_idle_handles() && pm.pages_only())
-        };
-        if targets.is_empty() || !self.pages.iter().enumerate().any(|(i, pm)| donor(i, pm)) || !self.quiesce(dev) {
+        let donor = |i: usize, pm: &PageMap| i != id as usize && pm.pages_only();
+        let any = self
+            .pages
+            .iter()
+            .enumerate()
+            .any(|(i, pm)| pm.as_ref().is_some_and(|pm| pm.has_idle_handles() && donor(i, pm)));
+        if targets.is_empty() || !any || !self.quiesce(dev) {
             return 0;
         }
-        let want = targets.len() as u64 * page;
-        let mut donors: Vec<DevicePtr> = Vec::new();
-        for d in 0..self.pages.len() {
-            let taken = donors.len() as u64 * page;
-            if taken >= want {
-                break;
-            }
-            if !donor(d, &self.pages[d]) {
-                continue;
-            }
-            let (base, pool) = (self.slabs[d as u32].base, self.slabs[d as u32].pool);
-            let pm = self.pages[d].as_mut().expect("a donor is paged");
-            for (off, len) in pm.take_unused_runs(want - taken) {
-                self.acct.given_back(pool, len);
-                donors.extend((off..off + len).step_by(page as usize).map(|o| base + o));
-            }
-        }
+        let donors: Vec<DevicePtr> = self
+            .take_idle(targets.len() as u64 * page, donor)
+            .into_iter()
+            .flat_map(|(ptr, len)| (ptr..ptr + len).step_by(page as usize))
+            .collect();
         let slab = self.slabs[id];
         let mut filled = 0;
         let n = donors.len().min(targets.len());
@@ -275,7 +265,7 @@ impl Suballoc {
                 tracing::error!(ptr = d, error = %e, "unmap failed; page forgotten");
             }
         }
-        self.drop_unmapped_empty(dev);
+        self.drop_unmapped_empty(dev, Some(id));
         filled
     }
 
@@ -288,34 +278,49 @@ impl Suballoc {
             return 0;
         }
         let mut released = 0;
-        for id in 0..self.pages.len() {
-            if released >= want {
-                break;
+        for (ptr, len) in self.take_idle(want, |_, _| true) {
+            if let Err(e) = vmm.unmap(ptr, len) {
+                tracing::error!(ptr, error = %e, "unmap failed; pages forgotten");
             }
-            let Some(pm) = self.pages[id].as_mut() else { continue };
-            if !pm.has_idle_handles() {
-                continue;
-            }
-            let base = self.slabs[id as u32].base;
-            let pool = self.slabs[id as u32].pool;
-            for (off, len) in pm.take_unused_runs(want - released) {
-                if let Err(e) = vmm.unmap(base + off, len) {
-                    tracing::error!(ptr = base + off, error = %e, "unmap failed; pages forgotten");
-                }
-                released += len;
-                self.acct.given_back(pool, len);
-            }
+            released += len;
         }
-        self.drop_unmapped_empty(dev);
+        self.drop_unmapped_empty(dev, None);
         released
     }
 
-    /// Empty slabs with nothing mapped cost nothing but address space: drops them.
-    fn drop_unmapped_empty(&mut self, dev: &dyn Device) {
+    /// Takes whole idle handles of the paged slabs `from` accepts (by slab id), slab by slab,
+    /// until `want` bytes are found (the last handle may pass it): marks them unmapped, counts
+    /// them given back, and returns them as `(address, len)` for the caller to unmap or move.
+    /// The caller has quiesced.
+    fn take_idle(&mut self, want: u64, from: impl Fn(usize, &PageMap) -> bool) -> Vec<(DevicePtr, u64)> {
+        let mut taken = Vec::new();
+        let mut bytes = 0;
+        for id in 0..self.pages.len() {
+            if bytes >= want {
+                break;
+            }
+            let Some(pm) = self.pages[id].as_mut() else { continue };
+            if !pm.has_idle_handles() || !from(id, pm) {
+                continue;
+            }
+            let (base, pool) = (self.slabs[id as u32].base, self.slabs[id as u32].pool);
+            for (off, len) in pm.take_unused_runs(want - bytes) {
+                self.acct.given_back(pool, len);
+                bytes += len;
+                taken.push((base + off, len));
+            }
+        }
+        taken
+    }
+
+    /// Empty slabs with nothing mapped cost nothing but address space: drops them, all but
+    /// `keep` (the slab a block is being mapped into).
+    fn drop_unmapped_empty(&mut self, dev: &dyn Device, keep: Option<u32>) {
         let unmapped_empty: Vec<u32> = self
             .empty
             .iter()
             .copied()
+            .filter(|&id| Some(id) != keep)
             .filter(|&id| self.pages[id as usize].as_ref().is_some_and(|pm| pm.mapped_bytes == 0))
             .collect();
         for id in unmapped_empty {
