@@ -235,21 +235,28 @@ impl Suballoc {
         if targets.is_empty() || !any || !self.quiesce(dev) {
             return 0;
         }
-        let donors: Vec<DevicePtr> = self
+        // Each donor page with the run it was taken in: a move stays within one run (one
+        // slab's reservation), even where two slabs' reservations happen to adjoin.
+        let donors: Vec<(DevicePtr, usize)> = self
             .take_idle(targets.len() as u64 * page, donor)
             .into_iter()
-            .flat_map(|(ptr, len)| (ptr..ptr + len).step_by(page as usize))
+            .enumerate()
+            .flat_map(|(run, (ptr, len))| (ptr..ptr + len).step_by(page as usize).map(move |p| (p, run)))
             .collect();
         let slab = self.slabs[id];
         let mut filled = 0;
         let n = donors.len().min(targets.len());
         while filled < n {
             let mut j = filled + 1;
-            while j < n && donors[j] == donors[j - 1] + page && targets[j] == targets[j - 1] + page {
+            while j < n
+                && donors[j].1 == donors[j - 1].1
+                && donors[j].0 == donors[j - 1].0 + page
+                && targets[j] == targets[j - 1] + page
+            {
                 j += 1;
             }
             let len = (j - filled) as u64 * page;
-            if let Err(e) = vmm.move_handles(slab.base + targets[filled], donors[filled], len) {
+            if let Err(e) = vmm.move_handles(slab.base + targets[filled], donors[filled].0, len) {
                 tracing::warn!(error = %e, "moving idle pages failed; they go back instead");
                 break;
             }
@@ -260,7 +267,7 @@ impl Suballoc {
         }
         // Pages taken but not moved (the last run may pass what was asked, or a move failed):
         // given back, as `unmap_unused` would.
-        for &d in &donors[filled..] {
+        for &(d, _) in &donors[filled..] {
             if let Err(e) = vmm.unmap(d, page) {
                 tracing::error!(ptr = d, error = %e, "unmap failed; page forgotten");
             }

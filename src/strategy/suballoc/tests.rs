@@ -260,3 +260,56 @@ fn splices_start_in_free_ends_of_larger_handles() {
     sub.release_empty_slabs(&dev, 0);
     assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
 }
+
+/// Idle pages moved into a slab come from the slabs in id order, whose reservations may
+/// adjoin: a move never spans two of them (the driver maps within one reservation), so every
+/// page arrives and none is created, released or left behind.
+#[test]
+fn pages_moved_from_adjoining_slabs_all_arrive() {
+    let dev = SimDevice::new(GIB);
+    let mut sub = Suballoc::new(SuballocConfig {
+        page_release: true,
+        min_slab: 8 * MIB,
+        max_slab: 8 * MIB,
+        max_empty_bytes: u64::MAX,
+        ..SuballocConfig::default()
+    });
+    let mut take = |bytes: u64| sub.allocate(&dev, bytes, 0).unwrap();
+    // Slab 0: a page in use, three idle; slab 1: two pages in use, two idle at its end; slab
+    // 2, right after it: four idle.
+    let (t1, t2, a1, a2, b) = (
+        take(2 * MIB),
+        take(6 * MIB),
+        take(4 * MIB),
+        take(4 * MIB),
+        take(8 * MIB),
+    );
+    assert_eq!((a1.ptr, a2.ptr), (t1.ptr + 8 * MIB, t1.ptr + 12 * MIB));
+    assert_eq!(b.ptr, a1.ptr + 8 * MIB, "slabs 1 and 2 adjoin");
+    for (i, g) in [t2, a2, b].into_iter().enumerate() {
+        sub.deallocate(&dev, g.meta, 0, i as u64);
+    }
+    assert_eq!(sub.unmap_unused(&dev, 6 * MIB), 6 * MIB, "slab 0's three idle pages");
+    sub.set_slab_limit(0);
+    let before = dev.stats().ops;
+    let c = sub.allocate(&dev, 6 * MIB, 0).unwrap();
+    let ops = dev.stats().ops.since(&before);
+    assert_eq!(c.ptr, t1.ptr + 2 * MIB, "into slab 0's hole");
+    assert_eq!(
+        (ops.create.calls, ops.release.calls, ops.map.calls, ops.unmap.calls),
+        (0, 0, 3, 3),
+        "slab 1's last two pages and slab 2's first moved, none created"
+    );
+    assert!(dev.is_backed(c.ptr, 6 * MIB));
+    assert_eq!(
+        dev.used_bytes(),
+        9 * 2 * MIB,
+        "slab 0 whole, two pages of slab 1, three of slab 2"
+    );
+    for (i, g) in [t1, c, a1].into_iter().enumerate() {
+        sub.deallocate(&dev, g.meta, 0, 10 + i as u64);
+    }
+    sub.unmap_unused(&dev, u64::MAX);
+    sub.release_empty_slabs(&dev, 0);
+    assert_eq!(dev.leak_report().blocks, 0);
+}
