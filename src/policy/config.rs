@@ -173,13 +173,13 @@ pub struct BoundsPolicy {
     /// Device memory kept free for others (other processes; cuBLAS, NCCL): idle memory is
     /// released whenever free memory would fall under it.
     pub headroom: SizeOrFraction,
-    /// Under this much free device memory, idle memory is shrunk to `pressure_max_idle`.
+    /// Under this much free device memory the allocator is under pressure: it places
+    /// compactly, takes exact-size driver allocations, and gives back idle memory until free
+    /// memory is back at the headroom (or at the watermark, where that is higher).
     pub low_watermark: SizeOrFraction,
     /// Under this much free device memory the device is "tight": new slabs are segregated by
     /// size class (see `suballoc.segregate`).
     pub tight_below: SizeOrFraction,
-    /// Idle memory kept while free memory is under the low watermark.
-    pub pressure_max_idle: SizeOrFraction,
     /// Idle memory kept beyond this only as `spare_share` allows ("100%": unbounded).
     pub max_idle: SizeOrFraction,
     /// Idle blocks and empty slabs not reused within this many operations are released (0: never).
@@ -212,7 +212,6 @@ impl Default for BoundsPolicy {
             headroom: SizeOrFraction::Fraction(0.05),
             low_watermark: SizeOrFraction::Fraction(0.03),
             tight_below: SizeOrFraction::Fraction(0.35),
-            pressure_max_idle: SizeOrFraction::Bytes(0),
             max_idle: SizeOrFraction::Fraction(0.25),
             idle_age_ops: 200_000,
             mem_info_interval_ops: 1024,
