@@ -149,12 +149,13 @@ fn main() {
          against pytorch, pytorch-expandable and cuda-async-retain, under both cost models, with every miss of \
          issue 24's targets. Summed over the 17 workloads under the default model, the steady state costs \
          0.11 ms a pass at 4x peak live and 0.12 ms at 2x (free memory is sampled less while nothing else \
-         changes it, and out of memory gives back what the request needs first), 599 ms at 1.5x (small-churn \
-         564 of it) and 211 ms at 1.1x passthrough's minimum where PyTorch completes (idle pages are moved \
-         where new ones would take the headroom, where the prices say a move is cheaper); the first pass, \
+         changes it, and out of memory gives back what the request needs first), 579 ms at 1.5x (small-churn \
+         564 of it) and 177 ms at 1.1x passthrough's minimum where PyTorch completes (idle pages are moved \
+         where new ones would take the headroom, where the prices say a move is cheaper, and pressure gives \
+         back idle memory only down to the headroom); the first pass, \
          backed page by page, is still about 25x PyTorch's. Handles shaped to blocks (`suballoc.backing = \
-         \"blocks\"`, opt-in) take the warm-up to 2811 / 2149 / 981 ms at 1.5x / 2x / 4x peak live (pages: \
-         6010 / 5524 / 5520) and 842 / 310 / 115 ms under vmm-fast.toml (pages: 761 / 264 / 260), at the \
+         \"blocks\"`, opt-in) take the warm-up to 2811 / 2144 / 981 ms at 1.5x / 2x / 4x peak live (pages: \
+         6015 / 5524 / 5520) and 842 / 309 / 115 ms under vmm-fast.toml (pages: 761 / 264 / 260), at the \
          price of more failing runs near passthrough's exact minimum; the tuning report recommends them after \
          a run that came near filling the device without running short, and replay keeps that advice only \
          where it pays under the run's own prices, first pass and every pass after.\n"
