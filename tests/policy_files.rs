@@ -59,6 +59,12 @@ fn broken_policy_files_name_file_line_and_key() {
         ("[suballoc]\nloose_growth = nan\n", "suballoc.loose_growth", "0..16"),
         ("[suballoc]\nloose_growth = -1.0\n", "suballoc.loose_growth", "0..16"),
         ("[bounds]\nspare_share = 1.5\n", "bounds.spare_share", "0..1"),
+        // A retired key: where it stands, and what became of it.
+        (
+            "[bounds]\npressure_max_idle = 0\n",
+            "p.toml:2",
+            "retired: under the low watermark",
+        ),
         ("[bounds]\nspare_share = \"half\"\n", "p.toml:2", "spare_share"),
         (
             "[suballoc]\nmin_slab = \"2GiB\"\nmax_slab = \"1GiB\"\n",

@@ -373,11 +373,45 @@ pub const PRESETS: [(&str, &str); 6] = [
     ("passthrough", include_str!("../../policies/passthrough.toml")),
 ];
 
+/// Keys policies once had, with what took their place: a file that still sets one is told so,
+/// not only that the key is unknown.
+const RETIRED: &[(&str, &str)] = &[(
+    "bounds.pressure_max_idle",
+    "retired: under the low watermark idle memory now goes back until free memory is at the \
+     headroom again (or at the watermark, if higher); remove the key",
+)];
+
+/// Adds what became of a retired key to the error that names it.
+fn retired(e: ConfigError) -> ConfigError {
+    match e {
+        ConfigError::Parse {
+            file,
+            line,
+            column,
+            key: Some(key),
+            message,
+        } => {
+            let message = match RETIRED.iter().find(|(k, _)| *k == key) {
+                Some((_, why)) => format!("{message}; `{key}` was {why}"),
+                None => message,
+            };
+            ConfigError::Parse {
+                file,
+                line,
+                column,
+                key: Some(key),
+                message,
+            }
+        }
+        other => other,
+    }
+}
+
 impl Policy {
     /// Parses a policy from TOML text; `file` names it in errors. Nothing half-read is returned:
     /// either the whole file is valid or an error names the file, line and key.
     pub fn from_toml_str(text: &str, file: &str) -> Result<Self, ConfigError> {
-        let policy: Policy = crate::config::parse(text, file)?;
+        let policy: Policy = crate::config::parse(text, file).map_err(retired)?;
         policy.validate(file)?;
         Ok(policy)
     }
