@@ -5,7 +5,9 @@
 //! per pass over passes 6-10 and the warm-up the first five passes less four steady passes.
 //! Prints, as Markdown, a table per cost model and capacity (failed allocations, warm-up and
 //! steady state per pass, in ms), the sums and every miss of issue 24's targets with its
-//! numbers. Written to `tuning/reports/steady.md`:
+//! numbers and its cause: the driver calls that make the missing time (a pass of the steady
+//! state, or the warm-up), from a second run of five passes. Written to
+//! `tuning/reports/steady.md`:
 //!
 //! `cargo run --release --example steady_eval > tuning/reports/steady.md` (about 20 s here);
 //! `-- --policy FILE` evaluates another policy as adaptive's.
@@ -23,6 +25,62 @@ use adaptalloc_cli::trace::Trace;
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
+}
+
+/// A kind of driver call (a key of the cost model) as the call and what makes it here.
+fn call_name(kind: &str) -> &'static str {
+    match kind {
+        "create" => "cuMemCreate (a new page)",
+        "release" => "cuMemRelease (a page given back)",
+        "map" => "cuMemMap",
+        "unmap" => "cuMemUnmap",
+        "set_access" => "cuMemSetAccess",
+        "unmap_sync" => "wait before unmapping",
+        "reserve" => "cuMemAddressReserve",
+        "unreserve" => "cuMemAddressFree",
+        "alloc" => "cuMemAlloc (an exact-size block)",
+        "free" => "cuMemFree",
+        "free_sync" => "cudaFree's wait",
+        "mem_info" => "cuMemGetInfo",
+        "stream_sync" => "stream wait",
+        _ => "pool call",
+    }
+}
+
+/// Why a miss costs what it does: per kind of driver call, the calls and time of one steady
+/// pass (`steady`) or of the warm-up, from the 10-pass run `a` and a 5-pass run of the same:
+/// a pass of the steady state is (10 passes - 5 passes) / 5, the warm-up 5 passes less four
+/// of those. The dearest three kinds.
+fn cause(a: &StrategyResult, five: &StrategyResult, steady: bool) -> String {
+    let of = |r: &StrategyResult, k: &str| {
+        r.driver_by_kind
+            .iter()
+            .find(|x| x.kind == k)
+            .map_or((0.0, 0.0), |x| (x.calls as f64, x.ns as f64))
+    };
+    let mut kinds: Vec<(&str, f64, f64)> = a
+        .driver_by_kind
+        .iter()
+        .map(|x| {
+            let (c10, n10) = of(a, x.kind);
+            let (c5, n5) = of(five, x.kind);
+            let per = ((c10 - c5) / 5.0, (n10 - n5) / 5.0);
+            let (calls, ns) = if steady {
+                per
+            } else {
+                (c5 - 4.0 * per.0, n5 - 4.0 * per.1)
+            };
+            (x.kind, calls, ns)
+        })
+        .filter(|&(_, calls, ns)| calls >= 0.5 && ns > 0.0)
+        .collect();
+    kinds.sort_by(|x, y| y.2.total_cmp(&x.2));
+    let parts: Vec<String> = kinds
+        .iter()
+        .take(3)
+        .map(|&(k, calls, ns)| format!("{calls:.0} {} {:.1} ms", call_name(k), ns / 1e6))
+        .collect();
+    format!("{}: {}", if steady { "a pass" } else { "warm-up" }, parts.join(", "))
 }
 
 fn main() {
@@ -98,11 +156,25 @@ fn main() {
                     .filter(|r| r.completed && (tight || r.strategy == "pytorch"))
                     .map(|r| r.steady_pass_ns.unwrap())
                     .min();
+                // The same run over five passes, for the causes of misses.
+                let five = || {
+                    run_one(
+                        t,
+                        Contender::Adaptive,
+                        c,
+                        &CompareOptions {
+                            repeat: 5,
+                            ..opts.clone()
+                        },
+                    )
+                };
+                let mut a5 = None;
                 if let Some(b) = best_steady
                     && a.completed
                     && asd > b + 500_000
                 {
-                    misses.push(format!("steady {}: {:.2} vs {:.2} ms", t.name, ms(asd), ms(b)));
+                    let why = cause(&a, a5.get_or_insert_with(five), true);
+                    misses.push(format!("steady {}: {:.2} vs {:.2} ms ({why})", t.name, ms(asd), ms(b)));
                 }
                 if pt.completed && a.completed {
                     steady += asd;
@@ -112,8 +184,9 @@ fn main() {
                     warm += aw;
                     warm_pt += pt.warmup_ns.unwrap();
                     if aw as f64 > 1.5 * pt.warmup_ns.unwrap() as f64 {
+                        let why = cause(&a, a5.get_or_insert_with(five), false);
                         misses.push(format!(
-                            "warm-up {}: {:.1} vs {:.1} ms ({:.1}x)",
+                            "warm-up {}: {:.1} vs {:.1} ms ({:.1}x; {why})",
                             t.name,
                             ms(aw),
                             ms(pt.warmup_ns.unwrap()),
