@@ -147,7 +147,7 @@ fn main() {
          (vmm-fast.toml), and the time by kind of driver operation; tuning/reports/steady.md (`cargo run \
          --release --example steady_eval`) splits each workload's time into warm-up and steady state per pass \
          against pytorch, pytorch-expandable and cuda-async-retain, under both cost models, with every miss of \
-         issue 24's targets. Summed over the 17 workloads under the default model, the steady state costs \
+         issue 24's targets and its cause. Summed over the 17 workloads under the default model, the steady state costs \
          0.11 ms a pass at 4x peak live and 0.12 ms at 2x (free memory is sampled less while nothing else \
          changes it, and out of memory gives back what the request needs first), 579 ms at 1.5x (small-churn \
          564 of it) and 177 ms at 1.1x passthrough's minimum where PyTorch completes (idle pages are moved \
