@@ -62,6 +62,8 @@ pub(crate) struct Sample {
     /// Passthrough's footprint of the live blocks now, and its peak so far.
     pub footprint: u64,
     pub footprint_peak: u64,
+    /// The lowest footprint since the previous sample.
+    pub footprint_low: u64,
     /// The most the strategies held at any sample so far: what the workload's cycle has shown
     /// it needs (every driver allocation is followed by a sample, so no growth goes unseen).
     pub reserved_peak: u64,
@@ -158,9 +160,10 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     }
 }
 
-/// A cycle is seen once the footprint falls under half its peak after the first routing interval.
+/// A cycle is seen once the footprint falls under half its peak after the first routing
+/// interval: at its lowest since the previous sample, not only at the sample itself.
 fn cycle_seen(s: &Sample, lim: &Limits, seen: bool) -> bool {
-    seen || (s.op >= lim.interval_ops && s.footprint < s.footprint_peak / CYCLE_FALL_DIVISOR)
+    seen || (s.op >= lim.interval_ops && s.footprint_low.min(s.footprint) < s.footprint_peak / CYCLE_FALL_DIVISOR)
 }
 
 /// The memory expected free at the workload's peak, counting what the allocator holds as its
@@ -261,6 +264,7 @@ mod tests {
             stranded: 0,
             footprint: 9 * GIB,
             footprint_peak: 10 * GIB,
+            footprint_low: 9 * GIB,
             reserved_peak: 10 * GIB,
         }
     }
@@ -319,11 +323,16 @@ mod tests {
             fn(&mut Sample, &mut Limits, &mut Prior),
             fn(&Plan) -> bool,
         );
-        let rows: [Row; 13] = [
+        let rows: [Row; 14] = [
             (
                 "cycle: footprint under half its peak after the first interval",
                 |s, _, _| s.footprint = 4 * GIB,
                 |p| p.cycle_seen && p.spare == 40 * GIB,
+            ),
+            (
+                "cycle: its low point between two samples counts",
+                |s, _, _| s.footprint_low = 4 * GIB,
+                |p| p.cycle_seen,
             ),
             (
                 "no cycle judged before the first interval",

@@ -40,6 +40,12 @@ pub struct Engine {
     /// What the driver would consume for the live blocks as separate allocations, and its
     /// peak: passthrough's footprint of this workload so far.
     footprint: Counter,
+    /// The lowest `footprint` since the last sample: a cycle's low point between two samples
+    /// counts, wherever the samples fall in the cycle. A loop whose period divides the sampling
+    /// gap was sampled at the same phase every time; at its peak, the cycle was never seen (a
+    /// steady four-block loop kept the base sampling rate, 98 cuMemGetInfo calls in 100,000
+    /// operations instead of 3).
+    footprint_low: u64,
     /// The most the strategies held at a sample so far (the cycle's peak). Sampled on purpose,
     /// not the statistics' whole-run peak of reserved bytes: that one also sees what is held for
     /// a moment between samples (the out-of-memory ladder's transient growth), and keeping idle
@@ -66,6 +72,7 @@ impl Engine {
             in_pressure: false,
             model,
             footprint: Counter::default(),
+            footprint_low: 0,
             reserved_peak: 0,
             journal: Journal::new(policy.routing.interval_ops),
             started: Instant::now(),
@@ -135,6 +142,9 @@ impl Engine {
     #[inline]
     pub fn on_free(&mut self, bucket: usize, bytes: u64, lifetime_ops: u64, op: u64) {
         self.footprint.sub(self.model.consumed(align_up(bytes, ALIGNMENT)));
+        if self.footprint.current < self.footprint_low {
+            self.footprint_low = self.footprint.current;
+        }
         self.classes[bucket].on_free(bytes, lifetime_ops, op);
     }
 
@@ -207,8 +217,10 @@ impl Engine {
             idle: strategies.iter().map(Strategy::idle_bytes).sum(),
             stranded: strategies.iter().map(Strategy::stranded_bytes).sum(),
             footprint: self.footprint.current,
+            footprint_low: self.footprint_low,
             footprint_peak: self.footprint.peak,
         };
+        self.footprint_low = self.footprint.current;
         self.journal.peak_stranded = self.journal.peak_stranded.max(sample.stranded);
         let plan = assess(&sample, &self.limits, self.prior);
         self.next_sample = op + self.next_gap(&sample, info.total, &plan);
