@@ -8,7 +8,7 @@ use common::all_traces;
 use std::sync::Arc;
 
 use adaptalloc::device::{CostModel, Device, Granularity, SimDevice, TenantAction};
-use adaptalloc::policy::Policy;
+use adaptalloc::policy::{Policy, SizeOrFraction};
 use adaptalloc::size::ByteSize;
 use adaptalloc::strategy::{SlabBacking, StrategyKind};
 use adaptalloc::{Allocator, DevicePtr};
@@ -637,4 +637,48 @@ fn a_cycle_is_seen_whatever_the_phase_of_the_samples() {
         "no driver call once warm: nothing shifts the phase"
     );
     assert!(samples <= 10, "{samples} samples: the cycle was not seen");
+}
+
+/// A cache miss is served from a hole in the slabs before the driver is asked (outside tight
+/// mode): 24 MiB blocks, cached once the engine has seen their class (one size, always reused,
+/// at most four live), and 36-48 MiB blocks of varied sizes that stay in slabs. A fifth 24 MiB
+/// block while four are live misses the cache; the 48 MiB hole a freed slab block left, its
+/// pages still mapped, takes it with no driver call. Before, the miss was a cuMemAlloc.
+#[test]
+fn a_cache_miss_takes_a_slab_hole_before_the_driver() {
+    let dev = Arc::new(SimDevice::new(1 << 30));
+    // No idle bound beside the cycle's, so that the 24 MiB class may be cached at all (with
+    // the default's, a class the slabs serve without driver calls stays there).
+    let mut policy = Policy::default();
+    policy.bounds.max_idle = SizeOrFraction::Fraction(1.0);
+    let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
+    let four = || -> Vec<DevicePtr> { (0..4).map(|_| alloc.allocate_raw(24 << 20, 0).unwrap()).collect() };
+    for i in 0..800u64 {
+        let a = four();
+        let b = alloc.allocate_raw((36 + 4 * (i % 4)) << 20, 0).unwrap();
+        alloc.deallocate(b, 0).unwrap();
+        for p in a {
+            alloc.deallocate(p, 0).unwrap();
+        }
+    }
+    let report = alloc.report().unwrap();
+    let route = |class: &str| report.classes.iter().find(|c| c.class == class).map(|c| c.route);
+    assert_eq!(route("16MiB..32MiB"), Some(StrategyKind::Caching), "{report}");
+    assert_eq!(route("32MiB..64MiB"), Some(StrategyKind::Suballoc), "{report}");
+    // A 48 MiB slab block freed: its hole stays mapped (the cycle's memory).
+    let b = alloc.allocate_raw(48 << 20, 0).unwrap();
+    alloc.deallocate(b, 0).unwrap();
+    let a = four();
+    let before = dev.stats().ops;
+    let fifth = alloc.allocate_raw(24 << 20, 0).unwrap();
+    let ops = dev.stats().ops.since(&before);
+    assert_eq!(
+        (ops.alloc.calls, ops.create.calls, ops.map.calls),
+        (0, 0, 0),
+        "the fifth 24 MiB block took a driver call"
+    );
+    for p in a.into_iter().chain([fifth]) {
+        alloc.deallocate(p, 0).unwrap();
+    }
+    assert_eq!(alloc.stats().failed_allocs, 0);
 }

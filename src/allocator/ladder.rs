@@ -4,7 +4,7 @@
 //!
 //! | mode | steps |
 //! |---|---|
-//! | roomy (the fast path) | [`Step::Routed`]: a cache hit or a new cached block; a slab fit within the strand limit, else an exact-size cached block; or a driver allocation |
+//! | roomy (the fast path) | [`Step::Routed`]: a cache hit, else (outside tight mode) a slab hole that pins nothing new, else a new cached block; a slab fit within the strand limit, else an exact-size cached block; or a driver allocation |
 //! | pressure (free memory under the low watermark) | [`Step::HeldHole`] strict, then [`Step::Driver`] (the routed strategy when there is no passthrough) |
 //! | after out-of-memory, `oom.release_and_retry` | [`Step::ReclaimStreams`], [`Step::ReleaseAndRetry`], [`Step::HeldHole`] loose, [`Step::Driver`] when not routed, [`Step::Splice`] |
 //! | after out-of-memory, no release | none: the error goes to the caller |
@@ -121,6 +121,42 @@ pub(super) fn routed(
         Some(g) => Ok((g, routed)),
         None => Ladder::new(st, dev, routed, aligned, stream).refused(),
     }
+}
+
+/// The rest of [`Step::Routed`] for a cached class after a miss: memory already held serves
+/// before the driver is asked for more. A hole in the slabs, its pages mapped, whose placement
+/// pins no more than the driver's own allocation of the block would consume (as
+/// [`Step::HeldHole`] strict), else a new cached block. Not in tight mode: there small classes are
+/// cached precisely so that the slabs' stranded pages drain (filling their holes kept them
+/// pinned: 15 / 12 / 35 failing runs on the robustness grid, against 9 / 6 / 14).
+///
+/// 17 workloads (steady_eval), 1.1x passthrough's minimum: 177 -> 149 ms a pass summed
+/// (cpu-gpt2-train 37.8 -> 11.6, cpu-resnet18-train 7.6 -> 0; gpu-medium-ctx1024-infer
+/// 174 -> 203, whose cached 256 MiB blocks now land in slabs that the headroom unmaps); 48 ->
+/// 28 under vmm-fast.toml; gpu-small-fwd-fp32 at 1.5x 15 -> 0. Cold: a scan of the slabs'
+/// free blocks, O(blocks), in place of a driver call.
+#[cold]
+pub(super) fn cache_miss(
+    st: &mut State,
+    dev: &dyn Device,
+    routed: usize,
+    aligned: u64,
+    stream: StreamId,
+) -> Result<Served, DeviceError> {
+    if !st.tight {
+        for (i, s) in st.strategies.iter_mut().enumerate() {
+            if let Strategy::Suballoc(sub) = s
+                && let Some(g) = sub.allocate_existing(dev, aligned, stream, true)
+            {
+                return Ok((g, i));
+            }
+        }
+    }
+    match &mut st.strategies[routed] {
+        Strategy::Caching(c) => c.allocate_new(dev, aligned, stream),
+        other => other.allocate(dev, aligned, stream),
+    }
+    .map(|g| (g, routed))
 }
 
 /// The pressure rung (free memory under the low watermark); an error goes on as in [`routed`].

@@ -121,6 +121,8 @@ struct State {
     pressure: bool,
     /// Free device memory is under the policy's headroom: keep no releasable idle memory.
     below_headroom: bool,
+    /// The engine is in tight mode: a cache miss goes to the driver, not to slab holes.
+    tight: bool,
     /// Each strategy's (reserved, idle) bytes as last summed into `stats`, so that a fast-path
     /// operation, which changes one strategy, re-reads only that one.
     seen: Vec<(u64, u64)>,
@@ -144,8 +146,7 @@ impl State {
                     self.op,
                     self.stats.live_bytes.current,
                 );
-                self.pressure = e.in_pressure();
-                self.below_headroom = e.below_headroom();
+                (self.pressure, self.below_headroom, self.tight) = (e.in_pressure(), e.below_headroom(), e.in_tight());
                 self.refresh();
             }
         }
@@ -160,8 +161,7 @@ impl State {
         }
         if let Some(e) = self.engine.as_deref_mut() {
             e.resample(&mut self.strategies, dev, &mut self.routes, self.op);
-            self.pressure = e.in_pressure();
-            self.below_headroom = e.below_headroom();
+            (self.pressure, self.below_headroom, self.tight) = (e.in_pressure(), e.below_headroom(), e.in_tight());
         }
     }
 
@@ -298,6 +298,7 @@ impl Allocator {
                     pools: Default::default(),
                     pressure: false,
                     below_headroom: false,
+                    tight: false,
                 }),
                 report_path: Mutex::new(None),
             }),
@@ -532,8 +533,8 @@ impl Shared {
                     st.maybe_tick(&self.device);
                     return Ok(grant.ptr);
                 }
-                // The rest of the Routed step: a new cached block.
-                None => c.allocate_new(&self.device, aligned, stream).map(|g| (g, si)),
+                // The rest of the Routed step: a hole in the slabs, else a new cached block.
+                None => ladder::cache_miss(&mut st, &self.device, si, aligned, stream),
             }
         } else {
             ladder::routed(&mut st, &self.device, si, aligned, stream)

@@ -99,6 +99,12 @@ impl Engine {
         self.last_free < self.limits.headroom
     }
 
+    /// Tight mode (see `assess::tight`): small classes are cached so that the slabs strand no
+    /// more pages.
+    pub fn in_tight(&self) -> bool {
+        self.prior.tight
+    }
+
     /// The free memory the policy keeps for others, on this device.
     pub fn headroom_bytes(&self) -> u64 {
         self.limits.headroom
