@@ -148,14 +148,15 @@ fn main() {
          --release --example steady_eval`) splits each workload's time into warm-up and steady state per pass \
          against pytorch, pytorch-expandable and cuda-async-retain, under both cost models, with every miss of \
          issue 24's targets and its cause. Summed over the 17 workloads under the default model, the steady state costs \
-         0.11 ms a pass at 4x peak live and 0.12 ms at 2x (free memory is sampled less while nothing else \
-         changes it, and out of memory gives back what the request needs first), 579 ms at 1.5x (small-churn \
-         564 of it) and 177 ms at 1.1x passthrough's minimum where PyTorch completes (idle pages are moved \
-         where new ones would take the headroom, where the prices say a move is cheaper, and pressure gives \
-         back idle memory only down to the headroom); the first pass, \
+         0.07 ms a pass at 4x peak live and 0.08 ms at 2x (free memory is sampled less while nothing else \
+         changes it, a cycle counts at its low point between samples, and out of memory gives back what the \
+         request needs first), 564 ms at 1.5x (nearly all small-churn) and 149 ms at 1.1x passthrough's \
+         minimum where PyTorch completes (idle pages are moved where new ones would take the headroom, where \
+         the prices say a move is cheaper; pressure gives back idle memory only down to the headroom; a cache \
+         miss takes a slab hole before the driver); the first pass, \
          backed page by page, is still about 25x PyTorch's. Handles shaped to blocks (`suballoc.backing = \
-         \"blocks\"`, opt-in) take the warm-up to 2811 / 2144 / 981 ms at 1.5x / 2x / 4x peak live (pages: \
-         6015 / 5524 / 5520) and 842 / 309 / 115 ms under vmm-fast.toml (pages: 761 / 264 / 260), at the \
+         \"blocks\"`, opt-in) take the warm-up to 2638 / 1969 / 982 ms at 1.5x / 2x / 4x peak live (pages: \
+         6019 / 5523 / 5519) and 807 / 272 / 115 ms under vmm-fast.toml (pages: 762 / 263 / 259), at the \
          price of more failing runs near passthrough's exact minimum; the tuning report recommends them after \
          a run that came near filling the device without running short, and replay keeps that advice only \
          where it pays under the run's own prices, first pass and every pass after.\n"
