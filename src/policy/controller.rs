@@ -40,11 +40,11 @@ pub struct Engine {
     /// What the driver would consume for the live blocks as separate allocations, and its
     /// peak: passthrough's footprint of this workload so far.
     footprint: Counter,
-    /// The lowest `footprint` since the last sample: a cycle's low point between two samples
-    /// counts, wherever the samples fall in the cycle. A loop whose period divides the sampling
-    /// gap was sampled at the same phase every time; at its peak, the cycle was never seen (a
-    /// steady four-block loop kept the base sampling rate, 98 cuMemGetInfo calls in 100,000
-    /// operations instead of 3).
+    /// The lowest `footprint` since the last sample (`u64::MAX` before the first): a cycle's
+    /// low point between two samples counts, wherever the samples fall in the cycle. A loop
+    /// whose period divides the sampling gap was sampled at the same phase every time; at its
+    /// peak, the cycle was never seen (a steady four-block loop kept the base sampling rate, 98
+    /// cuMemGetInfo calls in 100,000 operations instead of 3).
     footprint_low: u64,
     /// The most the strategies held at a sample so far (the cycle's peak). Sampled on purpose,
     /// not the statistics' whole-run peak of reserved bytes: that one also sees what is held for
@@ -72,7 +72,7 @@ impl Engine {
             in_pressure: false,
             model,
             footprint: Counter::default(),
-            footprint_low: 0,
+            footprint_low: u64::MAX,
             reserved_peak: 0,
             journal: Journal::new(policy.routing.interval_ops),
             started: Instant::now(),
