@@ -121,8 +121,6 @@ struct State {
     pressure: bool,
     /// Free device memory is under the policy's headroom: keep no releasable idle memory.
     below_headroom: bool,
-    /// The engine is in tight mode: a cache miss goes to the driver, not to slab holes.
-    tight: bool,
     /// Each strategy's (reserved, idle) bytes as last summed into `stats`, so that a fast-path
     /// operation, which changes one strategy, re-reads only that one.
     seen: Vec<(u64, u64)>,
@@ -146,7 +144,8 @@ impl State {
                     self.op,
                     self.stats.live_bytes.current,
                 );
-                (self.pressure, self.below_headroom, self.tight) = (e.in_pressure(), e.below_headroom(), e.in_tight());
+                self.pressure = e.in_pressure();
+                self.below_headroom = e.below_headroom();
                 self.refresh();
             }
         }
@@ -161,7 +160,8 @@ impl State {
         }
         if let Some(e) = self.engine.as_deref_mut() {
             e.resample(&mut self.strategies, dev, &mut self.routes, self.op);
-            (self.pressure, self.below_headroom, self.tight) = (e.in_pressure(), e.below_headroom(), e.in_tight());
+            self.pressure = e.in_pressure();
+            self.below_headroom = e.below_headroom();
         }
     }
 
@@ -298,7 +298,6 @@ impl Allocator {
                     pools: Default::default(),
                     pressure: false,
                     below_headroom: false,
-                    tight: false,
                 }),
                 report_path: Mutex::new(None),
             }),

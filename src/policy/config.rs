@@ -382,29 +382,17 @@ const RETIRED: &[(&str, &str)] = &[(
 )];
 
 /// Adds what became of a retired key to the error that names it.
-fn retired(e: ConfigError) -> ConfigError {
-    match e {
-        ConfigError::Parse {
-            file,
-            line,
-            column,
-            key: Some(key),
-            message,
-        } => {
-            let message = match RETIRED.iter().find(|(k, _)| *k == key) {
-                Some((_, why)) => format!("{message}; `{key}` was {why}"),
-                None => message,
-            };
-            ConfigError::Parse {
-                file,
-                line,
-                column,
-                key: Some(key),
-                message,
-            }
-        }
-        other => other,
+fn retired(mut e: ConfigError) -> ConfigError {
+    if let ConfigError::Parse {
+        key: Some(key),
+        message,
+        ..
+    } = &mut e
+        && let Some((_, why)) = RETIRED.iter().find(|(k, _)| k == key)
+    {
+        *message = format!("{message}; `{key}` was {why}");
     }
+    e
 }
 
 impl Policy {
