@@ -256,8 +256,9 @@ fn out_of_memory_fallback_hands_out_only_mapped_memory() {
 #[test]
 fn a_class_the_slabs_serve_without_driver_calls_is_not_moved_into_a_stripped_cache() {
     let dev = Arc::new(SimDevice::new(512 << 20));
-    // Idle memory bounded by max_idle alone: in this small loop the default's allowance up to
-    // the peak (bounds.spare_share) keeps the moved blocks too. On the inference traces it
+    // No share of the memory beyond the peak (idle memory bounded by max_idle, and what is held
+    // by the workload's peak): in this small loop the default's allowance (bounds.spare_share)
+    // keeps the moved blocks too. On the inference traces it
     // does not: repeated 5 times at 2x peak live, the 17 workloads make 8,381 driver calls
     // with the move and 901 without.
     let mut policy = Policy::default();
@@ -313,8 +314,9 @@ fn serve_large_activations(policy: Policy, requests: usize) -> (adaptalloc::repo
     )
 }
 
-/// Idle memory bounded by `bounds.max_idle` alone (no share of the spare).
-fn max_idle_alone() -> Policy {
+/// Idle memory bounded by `bounds.max_idle`, and what is held by the workload's peak (no share of
+/// the memory beyond it).
+fn no_share_beyond_the_peak() -> Policy {
     let mut p = Policy::default();
     p.bounds.spare_share = 0.0;
     p
@@ -322,7 +324,7 @@ fn max_idle_alone() -> Policy {
 
 /// Idle memory aged out after 1,000 operations (the default waits 200,000).
 fn aged_out_early() -> Policy {
-    let mut p = max_idle_alone();
+    let mut p = no_share_beyond_the_peak();
     p.bounds.idle_age_ops = 1000;
     p
 }
@@ -351,14 +353,14 @@ fn buffer_then_small_work(policy: Policy, steps: usize) -> (adaptalloc::report::
 #[test]
 fn what_a_cycle_frees_is_kept_for_the_next() {
     let (report, calls, held) = serve_large_activations(Policy::default(), 300);
-    let (_, alone, _) = serve_large_activations(max_idle_alone(), 300);
+    let (_, alone, _) = serve_large_activations(no_share_beyond_the_peak(), 300);
     common::figure(&format!(
         "four 96 MiB activations per request, 300 requests on 1 GiB: {calls} driver calls \
-         (max_idle alone: {alone}), most held {} MiB",
+         (no share beyond the peak: {alone}), most held {} MiB",
         held >> 20
     ));
     assert_eq!(report.failed_allocs, 0);
-    for (what, c) in [("default", calls), ("max_idle alone", alone)] {
+    for (what, c) in [("default", calls), ("no share beyond the peak", alone)] {
         assert!(
             c <= 8,
             "{what}: {c} driver calls: the activations should be kept: {report}"

@@ -81,6 +81,8 @@ pub(crate) const OVER_PEAK: &str =
     "idle memory over the workload's peak plus bounds.spare_share of the memory free at it";
 pub(crate) const OVER_MAX_IDLE: &str = "idle memory over policy bounds.max_idle";
 pub(crate) const OVER_CYCLE: &str = "idle memory over what the workload's cycle has held at its peak";
+pub(crate) const OVER_SHARE: &str =
+    "held memory over the workload's peak plus bounds.spare_share of the memory beyond it (left to other processes)";
 pub(crate) const UNDER_HEADROOM: &str = "free device memory under the headroom";
 pub(crate) const UNDER_WATERMARK: &str = "free device memory under the low watermark";
 
@@ -129,7 +131,10 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     // 177, with the same robustness grid and co-tenant tables.
     let pressure = s.free < lim.low_watermark;
     let floor = lim.headroom.max(lim.low_watermark);
-    let mut unmap_pages = false;
+    // Memory left to other processes is memory they can take: pages inside slabs in use count
+    // (without them, gpu-medium-ctx128-infer and ctx256-infer at 1.5x peak live kept a co-tenant
+    // of half the slack out).
+    let mut unmap_pages = reason == OVER_SHARE;
     if s.free < floor {
         let short = floor - s.free;
         if s.idle.saturating_sub(short) < idle_target {
@@ -184,11 +189,16 @@ fn spare_at_peak(s: &Sample, lim: &Limits, cycle_seen: bool) -> u64 {
 /// gpu-medium-ctx256-infer at 1.1x passthrough's minimum makes 265 driver calls instead of 477,
 /// with the same failures everywhere.
 ///
-/// Whatever else says, idle memory up to what the allocator held at its peak so far is kept
-/// (on frees and at samples): the next cycle asks for it again, and giving it back at the low
-/// point of a step only makes the driver create it anew (a serving loop that frees a 2 GiB
-/// buffer after every request re-created it every request). What the headroom, the low
-/// watermark, an out-of-memory retry and age (`bounds.idle_age_ops`) give back is unaffected.
+/// Idle memory up to what the allocator held at its peak so far is kept (on frees and at
+/// samples): the next cycle asks for it again, and giving it back at the low point of a step
+/// only makes the driver create it anew (a serving loop that frees a 2 GiB buffer after every
+/// request re-created it every request). What the headroom, the low watermark, an
+/// out-of-memory retry and age (`bounds.idle_age_ops`) give back is unaffected.
+///
+/// Over all of these, the share cap ([`share_cap`]): idle memory is kept only while what the
+/// allocator holds stays within the workload's peak footprint plus `bounds.spare_share` of the
+/// memory beyond it. The rest is left for other processes: a co-tenant that takes memory
+/// unannounced gets it only if it is free at that instant.
 fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<u64>) -> (u64, u64, &'static str) {
     let clear = budget.map_or(!tight, |b| s.stranded <= b / STRAND_CLEAR_DIVISOR);
     let hold = if !clear || lim.spare_share <= 0.0 {
@@ -198,16 +208,33 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
     };
     // The idle memory that brings what is held back to the cycle's peak.
     let in_use = s.reserved - s.idle;
+    let cap = share_cap(s, lim);
     let cycle = s.reserved_peak.saturating_sub(in_use);
-    let on_free = lim.max_idle.max(hold).max(s.reserved_peak);
+    let on_free = lim.max_idle.max(hold).max(s.reserved_peak.min(cap));
     let to_peak = hold.saturating_sub(s.footprint);
-    if cycle >= to_peak.max(lim.max_idle) {
-        (on_free, cycle, OVER_CYCLE)
+    let (target, reason) = if cycle >= to_peak.max(lim.max_idle) {
+        (cycle, OVER_CYCLE)
     } else if to_peak > lim.max_idle {
-        (on_free, to_peak, OVER_PEAK)
+        (to_peak, OVER_PEAK)
     } else {
-        (on_free, lim.max_idle, OVER_MAX_IDLE)
+        (lim.max_idle, OVER_MAX_IDLE)
+    };
+    let room = cap.saturating_sub(in_use);
+    if target > room {
+        (on_free, room, OVER_SHARE)
+    } else {
+        (on_free, target, reason)
     }
+}
+
+/// The most the allocator holds with idle memory in it: the workload's peak footprint so far
+/// plus `bounds.spare_share` of the memory beyond it (free device memory and what the
+/// allocator holds, less that peak). With the default half, a co-tenant that takes up to half
+/// of what passthrough would leave free finds it free (tuning/reports/tenants.md); 0 keeps
+/// nothing idle beyond the peak, 1 leaves nothing for others.
+fn share_cap(s: &Sample, lim: &Limits) -> u64 {
+    let beyond = (s.free + s.reserved).saturating_sub(s.footprint_peak);
+    s.footprint_peak + (beyond as f64 * lim.spare_share) as u64
 }
 
 /// Tight mode: entered when free memory is under `bounds.tight_below` while the slabs strand
@@ -323,7 +350,7 @@ mod tests {
             fn(&mut Sample, &mut Limits, &mut Prior),
             fn(&Plan) -> bool,
         );
-        let rows: [Row; 14] = [
+        let rows: [Row; 16] = [
             (
                 "cycle: footprint under half its peak after the first interval",
                 |s, _, _| s.footprint = 4 * GIB,
@@ -353,6 +380,21 @@ mod tests {
                 "stranding over a quarter of the budget: idle bounded by max_idle past the cycle's peak",
                 |s, _, _| (s.stranded, s.reserved_peak) = (GIB, 9 * GIB),
                 |p| p.idle_target == 512 * MIB && p.on_free_idle == 9 * GIB && p.reason == OVER_MAX_IDLE,
+            ),
+            (
+                "share cap: what is held stays within the peak plus spare_share of the memory beyond it",
+                // Peak 6 GiB, 8 GiB beyond it (4 free, 10 held): a quarter of it allows 8 GiB
+                // held, 2 in use, so 6 GiB idle of the cycle's 8; pages inside slabs go too.
+                |s, l, _| {
+                    ((s.free, s.idle, s.footprint, s.footprint_peak), l.spare_share) =
+                        ((4 * GIB, 8 * GIB, 2 * GIB, 6 * GIB), 0.25)
+                },
+                |p| p.idle_target == 6 * GIB && p.reason == OVER_SHARE && p.unmap_pages && !p.pressure,
+            ),
+            (
+                "share cap: half of the memory beyond the peak keeps the whole cycle here",
+                |s, _, _| (s.free, s.idle, s.footprint, s.footprint_peak) = (4 * GIB, 8 * GIB, 2 * GIB, 6 * GIB),
+                |p| p.idle_target == 8 * GIB && p.reason == OVER_CYCLE && !p.unmap_pages,
             ),
             (
                 "under the headroom: keep only what leaves free at the headroom, unmap pages",

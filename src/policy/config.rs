@@ -180,7 +180,9 @@ pub struct BoundsPolicy {
     /// Under this much free device memory the device is "tight": new slabs are segregated by
     /// size class (see `suballoc.segregate`).
     pub tight_below: SizeOrFraction,
-    /// Idle memory kept beyond this only as `spare_share` allows ("100%": unbounded).
+    /// Idle memory kept beyond this only as `spare_share` allows, or up to what the allocator held
+    /// at its peak; never beyond `spare_share`'s bound on what is held ("100%": no bound of its
+    /// own).
     pub max_idle: SizeOrFraction,
     /// Idle blocks and empty slabs not reused within this many operations are released (0: never).
     pub idle_age_ops: u64,
@@ -198,11 +200,14 @@ pub struct BoundsPolicy {
     /// is taken to be this multiple of the peak so far when estimating the memory free at the
     /// peak; afterwards the peak so far.
     pub peak_growth: f64,
-    /// While the slabs strand at most a quarter of the strand guard's budget (with the guard
-    /// off: outside tight mode), idle memory may pass `max_idle` as long as what the allocator
-    /// holds stays within the workload's peak footprint so far plus this share of the memory
-    /// expected free at the peak (see `peak_growth`): what one cycle frees (a request, a step)
-    /// is kept for the next. 0: `max_idle` alone bounds idle memory.
+    /// What the allocator holds with idle memory in it never passes the workload's peak
+    /// footprint so far plus this share of the memory beyond it (free device memory and what
+    /// the allocator holds, less that peak): the rest is left to other processes, which find it
+    /// free when they ask (0.5: a co-tenant taking half of what passthrough would leave free
+    /// gets it). Within that, while the slabs strand at most a quarter of the strand guard's
+    /// budget (with the guard off: outside tight mode), idle memory may pass `max_idle` up to
+    /// the same share of the memory expected free at the peak (see `peak_growth`). 0: nothing
+    /// idle beyond the workload's peak; 1: nothing left to others.
     pub spare_share: f64,
 }
 
@@ -539,7 +544,7 @@ impl Policy {
             b.spare_share,
             0.0,
             1.0,
-            "a share within 0..1 (0.5 is the default; 0 bounds idle memory by max_idle alone)",
+            "a share within 0..1 (0.5 is the default; 0 keeps nothing idle beyond the workload's peak)",
         )?;
         if b.mem_info_interval_ops == 0 {
             return bad("bounds.mem_info_interval_ops", "0".into(), "at least 1 operation");
