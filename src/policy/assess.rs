@@ -208,9 +208,7 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
     };
     // The idle memory that brings what is held back to the cycle's peak.
     let in_use = s.reserved - s.idle;
-    let cap = share_cap(s, lim);
     let cycle = s.reserved_peak.saturating_sub(in_use);
-    let on_free = lim.max_idle.max(hold).max(s.reserved_peak.min(cap));
     let to_peak = hold.saturating_sub(s.footprint);
     let (target, reason) = if cycle >= to_peak.max(lim.max_idle) {
         (cycle, OVER_CYCLE)
@@ -219,14 +217,9 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
     } else {
         (lim.max_idle, OVER_MAX_IDLE)
     };
-    // Under the headroom the headroom rule decides: the workload fills the device itself, and
-    // keeping room there for another process only makes the workload take it back (on
-    // gpu-small-fwd-fp32 at 1.5x peak live, 6.2 ms a pass against 0.01).
-    let room = if s.free < lim.headroom {
-        u64::MAX
-    } else {
-        cap.saturating_sub(in_use)
-    };
+    let cap = share_cap(s, lim, spare).unwrap_or(u64::MAX);
+    let on_free = lim.max_idle.max(hold).max(s.reserved_peak.min(cap));
+    let room = cap.saturating_sub(in_use);
     if target > room {
         (on_free, room, OVER_SHARE)
     } else {
@@ -234,14 +227,23 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
     }
 }
 
-/// The most the allocator holds with idle memory in it: the workload's peak footprint so far
-/// plus `bounds.spare_share` of the memory beyond it (free device memory and what the
-/// allocator holds, less that peak). With the default half, a co-tenant that takes up to half
-/// of what passthrough would leave free finds it free (tuning/reports/tenants.md); 0 keeps
-/// nothing idle beyond the peak, 1 leaves nothing for others.
-fn share_cap(s: &Sample, lim: &Limits) -> u64 {
-    let beyond = (s.free + s.reserved).saturating_sub(s.footprint_peak);
-    s.footprint_peak + (beyond as f64 * lim.spare_share) as u64
+/// The most the allocator holds with idle memory in it, where that bounds anything: all it
+/// could hold (free memory and its own) less the part of the memory expected free at the
+/// workload's peak that is left to other processes, `1 - bounds.spare_share` of it. Once a
+/// cycle is seen that is the workload's peak footprint plus `spare_share` of the memory beyond
+/// it; before, the peak is taken as `bounds.peak_growth` times the peak so far, so a first
+/// step's memory is not given back before the workload has shown its peak. With the default
+/// half, a co-tenant that takes up to half of what passthrough would leave free finds it free
+/// (tuning/reports/tenants.md).
+///
+/// No bound where it would leave others no more than the headroom, or under the headroom:
+/// there the headroom rule decides, and a bound of its own only made the workload take back
+/// what it gave (near passthrough's minimum: summed over 25 traces at 1.1x peak live, 3232 ms
+/// a pass in steady state instead of 2840; gpu-small-fwd-fp32 at 1.5x peak live, 6.2 ms a pass
+/// instead of 0.01).
+fn share_cap(s: &Sample, lim: &Limits, spare: u64) -> Option<u64> {
+    let left = spare - (spare as f64 * lim.spare_share) as u64;
+    (s.free >= lim.headroom && left > lim.headroom).then(|| (s.free + s.reserved).saturating_sub(left))
 }
 
 /// Tight mode: entered when free memory is under `bounds.tight_below` while the slabs strand
@@ -357,7 +359,7 @@ mod tests {
             fn(&mut Sample, &mut Limits, &mut Prior),
             fn(&Plan) -> bool,
         );
-        let rows: [Row; 17] = [
+        let rows: [Row; 18] = [
             (
                 "cycle: footprint under half its peak after the first interval",
                 |s, _, _| s.footprint = 4 * GIB,
@@ -406,6 +408,17 @@ mod tests {
                         ((GIB + 512 * MIB, 8 * GIB, 2 * GIB, 6 * GIB), 0.25)
                 },
                 |p| p.idle_target == 7 * GIB + 512 * MIB && p.reason == UNDER_HEADROOM,
+            ),
+            (
+                "share cap: none where it would leave others no more than the headroom",
+                // A quarter of the 8 GiB beyond the peak left to others: the 2 GiB headroom. The
+                // cycle (a 14 GiB peak held) keeps 12 GiB idle, where a cap would keep 10.
+                |s, l, _| {
+                    ((s.free, s.idle, s.footprint, s.footprint_peak), l.spare_share) =
+                        ((4 * GIB, 8 * GIB, 2 * GIB, 6 * GIB), 0.75);
+                    s.reserved_peak = 14 * GIB;
+                },
+                |p| p.idle_target == 12 * GIB && p.reason == OVER_CYCLE && !p.unmap_pages,
             ),
             (
                 "share cap: half of the memory beyond the peak keeps the whole cycle here",

@@ -201,10 +201,11 @@ pub struct BoundsPolicy {
     /// peak; afterwards the peak so far.
     pub peak_growth: f64,
     /// What the allocator holds with idle memory in it never passes the workload's peak
-    /// footprint so far plus this share of the memory beyond it (free device memory and what
-    /// the allocator holds, less that peak): the rest is left to other processes, which find it
+    /// footprint plus this share of the memory beyond it (free device memory and what the
+    /// allocator holds, less that peak; until a cycle is seen the peak is taken as
+    /// `peak_growth` times the peak so far): the rest is left to other processes, which find it
     /// free when they ask (0.5: a co-tenant taking half of what passthrough would leave free
-    /// gets it). Within that, while the slabs strand at most a quarter of the strand guard's
+    /// gets it). No such bound where the rest is no more than `headroom`. Within that, while the slabs strand at most a quarter of the strand guard's
     /// budget (with the guard off: outside tight mode), idle memory may pass `max_idle` up to
     /// the same share of the memory expected free at the peak (see `peak_growth`). 0: nothing
     /// idle beyond the workload's peak; 1: nothing left to others.
