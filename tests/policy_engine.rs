@@ -258,9 +258,8 @@ fn a_class_the_slabs_serve_without_driver_calls_is_not_moved_into_a_stripped_cac
     let dev = Arc::new(SimDevice::new(512 << 20));
     // No share of the memory beyond the peak (idle memory bounded by max_idle, and what is held
     // by the workload's peak): in this small loop the default's allowance (bounds.spare_share)
-    // keeps the moved blocks too. On the inference traces it
-    // does not: repeated 5 times at 2x peak live, the 17 workloads make 8,381 driver calls
-    // with the move and 901 without.
+    // keeps the moved blocks too. On the inference traces it does not: repeated 5 times at 2x
+    // peak live, the 17 workloads make 8,381 driver calls with the move and 901 without.
     let mut policy = Policy::default();
     policy.bounds.spare_share = 0.0;
     let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);

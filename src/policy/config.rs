@@ -205,10 +205,11 @@ pub struct BoundsPolicy {
     /// allocator holds, less that peak; until a cycle is seen the peak is taken as
     /// `peak_growth` times the peak so far): the rest is left to other processes, which find it
     /// free when they ask (0.5: a co-tenant taking half of what passthrough would leave free
-    /// gets it). No such bound where the rest is no more than `headroom`. Within that, while the slabs strand at most a quarter of the strand guard's
-    /// budget (with the guard off: outside tight mode), idle memory may pass `max_idle` up to
-    /// the same share of the memory expected free at the peak (see `peak_growth`). 0: nothing
-    /// idle beyond the workload's peak; 1: nothing left to others.
+    /// gets it). No such bound where the rest is no more than `headroom`. Within that, while
+    /// the slabs strand at most a quarter of the strand guard's budget (with the guard off:
+    /// outside tight mode), idle memory may pass `max_idle` up to the same share of the memory
+    /// expected free at the peak (see `peak_growth`). 0: nothing idle beyond the workload's
+    /// peak; 1: nothing left to others.
     pub spare_share: f64,
 }
 
