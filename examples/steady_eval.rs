@@ -52,8 +52,13 @@ fn call_name(kind: &str) -> &'static str {
 /// a pass of the steady state is (10 passes - 5 passes) / 5, the warm-up 5 passes less four
 /// of those. The dearest three kinds.
 fn cause(a: &StrategyResult, five: &StrategyResult, steady: bool) -> String {
-    let of = |r: &StrategyResult, k: &str| {
-        r.driver_by_kind
+    // A figure of the 10-pass and the 5-pass runs as one steady pass, or as the warm-up.
+    let part = |ten: f64, five: f64| {
+        let per = (ten - five) / 5.0;
+        if steady { per } else { five - 4.0 * per }
+    };
+    let in_five = |k: &str| {
+        five.driver_by_kind
             .iter()
             .find(|x| x.kind == k)
             .map_or((0.0, 0.0), |x| (x.calls as f64, x.ns as f64))
@@ -62,15 +67,8 @@ fn cause(a: &StrategyResult, five: &StrategyResult, steady: bool) -> String {
         .driver_by_kind
         .iter()
         .map(|x| {
-            let (c10, n10) = of(a, x.kind);
-            let (c5, n5) = of(five, x.kind);
-            let per = ((c10 - c5) / 5.0, (n10 - n5) / 5.0);
-            let (calls, ns) = if steady {
-                per
-            } else {
-                (c5 - 4.0 * per.0, n5 - 4.0 * per.1)
-            };
-            (x.kind, calls, ns)
+            let (c5, n5) = in_five(x.kind);
+            (x.kind, part(x.calls as f64, c5), part(x.ns as f64, n5))
         })
         .filter(|&(_, calls, ns)| calls >= 0.5 && ns > 0.0)
         .collect();
@@ -82,11 +80,7 @@ fn cause(a: &StrategyResult, five: &StrategyResult, steady: bool) -> String {
         .collect();
     // What the other kinds add (negative in a warm-up where a kind costs more a steady pass
     // than it did over the first five), so that the parts add up to the miss's time.
-    let total = if steady {
-        (a.modeled_driver_ns as f64 - five.modeled_driver_ns as f64) / 5.0
-    } else {
-        five.modeled_driver_ns as f64 - 4.0 * (a.modeled_driver_ns as f64 - five.modeled_driver_ns as f64) / 5.0
-    };
+    let total = part(a.modeled_driver_ns as f64, five.modeled_driver_ns as f64);
     let rest = total - kinds.iter().take(3).map(|k| k.2).sum::<f64>();
     if rest.abs() >= 50_000.0 {
         parts.push(format!("the other kinds {:+.1} ms", rest / 1e6));

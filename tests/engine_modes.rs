@@ -10,6 +10,22 @@ use adaptalloc::policy::{Policy, RoutingMode, SizeOrFraction};
 use adaptalloc::strategy::StrategyKind;
 use adaptalloc::{Allocator, DevicePtr};
 
+/// One step of a loop: `n` blocks of `bytes`, all live at once, then all freed.
+fn step(alloc: &Allocator, n: usize, bytes: u64) {
+    let blocks: Vec<DevicePtr> = (0..n).map(|_| alloc.allocate_raw(bytes, 0).unwrap()).collect();
+    for p in blocks {
+        alloc.deallocate(p, 0).unwrap();
+    }
+}
+
+/// Small work (4 KiB blocks, each freed at once) until the engine samples free memory.
+fn until_sampled(alloc: &Allocator) {
+    for _ in 0..4096 {
+        let p = alloc.allocate_raw(4096, 0).unwrap();
+        alloc.deallocate(p, 0).unwrap();
+    }
+}
+
 /// Under pressure (free memory under the low watermark, here after a co-tenant took memory),
 /// idle memory goes back only until free memory is at the headroom again: the rest is what the
 /// workload's cycle asks for next (here 64 MiB of 268 MiB goes back: an empty slab, whole).
@@ -29,11 +45,7 @@ fn pressure_gives_back_idle_memory_down_to_the_headroom_only() {
     // A co-tenant leaves 16 MiB free: under the 3% watermark (about 31 MiB) and the headroom.
     let free = dev.capacity() - dev.used_bytes();
     dev.tenant_take(1, free - (16 << 20)).unwrap();
-    // Small work until the engine samples free memory.
-    for _ in 0..4096 {
-        let p = alloc.allocate_raw(4096, 0).unwrap();
-        alloc.deallocate(p, 0).unwrap();
-    }
+    until_sampled(&alloc);
     let report = alloc.report().unwrap();
     let (idle_after, free_after) = (alloc.stats().idle_bytes.current, dev.capacity() - dev.used_bytes());
     common::figure(&format!(
@@ -69,10 +81,7 @@ fn a_cycle_is_seen_whatever_the_phase_of_the_samples() {
     let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
     let run = |steps: u64| {
         for _ in 0..steps {
-            let blocks: Vec<_> = (0..4).map(|_| alloc.allocate_raw(256 << 20, 0).unwrap()).collect();
-            for p in blocks {
-                alloc.deallocate(p, 0).unwrap();
-            }
+            step(&alloc, 4, 256 << 20);
         }
     };
     run(2_500);
@@ -187,17 +196,10 @@ fn a_co_tenant_finds_half_of_what_passthrough_leaves_free() {
     let alloc = Allocator::adaptive(dev.clone() as Arc<dyn Device>);
     for mib in [60u64, 120, 30] {
         for _ in 0..300 {
-            let blocks: Vec<_> = (0..4).map(|_| alloc.allocate_raw(mib << 20, 0).unwrap()).collect();
-            for p in blocks {
-                alloc.deallocate(p, 0).unwrap();
-            }
+            step(&alloc, 4, mib << 20);
         }
     }
-    // Small work until the engine samples free memory.
-    for _ in 0..4096 {
-        let p = alloc.allocate_raw(4096, 0).unwrap();
-        alloc.deallocate(p, 0).unwrap();
-    }
+    until_sampled(&alloc);
     let free = dev.capacity() - dev.used_bytes();
     common::figure(&format!(
         "three phases, peak 480 MiB, on 896 MiB: {} MiB held, {} MiB free",
@@ -210,10 +212,7 @@ fn a_co_tenant_finds_half_of_what_passthrough_leaves_free() {
     );
     // The workload goes on beside it.
     for mib in [60u64, 120, 30] {
-        let blocks: Vec<_> = (0..4).map(|_| alloc.allocate_raw(mib << 20, 0).unwrap()).collect();
-        for p in blocks {
-            alloc.deallocate(p, 0).unwrap();
-        }
+        step(&alloc, 4, mib << 20);
     }
     assert_eq!(dev.tenant_failures(), 0);
 }

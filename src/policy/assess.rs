@@ -122,7 +122,12 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     let cycle_seen = cycle_seen(s, lim, prior.cycle_seen);
     let spare = spare_at_peak(s, lim, cycle_seen);
     let strand_budget = lim.guard.then_some((spare as f64 * lim.strand_share) as u64);
-    let (on_free_idle, mut idle_target, mut reason) = idle_bound(s, lim, prior.tight, spare, strand_budget);
+    let IdleBound {
+        on_free: on_free_idle,
+        target: mut idle_target,
+        mut reason,
+        capped,
+    } = idle_bound(s, lim, prior.tight, spare, strand_budget);
     // Under the headroom, or under pressure, idle memory goes back until free memory is at the
     // headroom again (or at the watermark, where that is higher), and no further: what the
     // workload's cycle holds beyond that it asks for again. Stripping all idle memory under
@@ -134,7 +139,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     // Memory left to other processes is memory they can take: pages inside slabs in use count
     // (without them, gpu-medium-ctx128-infer and ctx256-infer at 1.5x peak live kept a co-tenant
     // of half the slack out).
-    let mut unmap_pages = reason == OVER_SHARE;
+    let mut unmap_pages = capped;
     if s.free < floor {
         let short = floor - s.free;
         if s.idle.saturating_sub(short) < idle_target {
@@ -199,12 +204,14 @@ fn spare_at_peak(s: &Sample, lim: &Limits, cycle_seen: bool) -> u64 {
 /// allocator holds stays within the workload's peak footprint plus `bounds.spare_share` of the
 /// memory beyond it. The rest is left for other processes: a co-tenant that takes memory
 /// unannounced gets it only if it is free at that instant.
-fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<u64>) -> (u64, u64, &'static str) {
+fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<u64>) -> IdleBound {
     let clear = budget.map_or(!tight, |b| s.stranded <= b / STRAND_CLEAR_DIVISOR);
+    // Of the memory expected free at the peak: what idle memory may take, and what is left.
+    let kept = (spare as f64 * lim.spare_share) as u64;
     let hold = if !clear || lim.spare_share <= 0.0 {
         0
     } else {
-        s.footprint_peak + (spare as f64 * lim.spare_share) as u64
+        s.footprint_peak + kept
     };
     // The idle memory that brings what is held back to the cycle's peak.
     let in_use = s.reserved - s.idle;
@@ -217,19 +224,32 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
     } else {
         (lim.max_idle, OVER_MAX_IDLE)
     };
-    let cap = share_cap(s, lim, spare).unwrap_or(u64::MAX);
+    let cap = share_cap(s, lim, spare - kept).unwrap_or(u64::MAX);
     let on_free = lim.max_idle.max(hold).max(s.reserved_peak.min(cap));
     let room = cap.saturating_sub(in_use);
-    if target > room {
-        (on_free, room, OVER_SHARE)
-    } else {
-        (on_free, target, reason)
+    let capped = target > room;
+    IdleBound {
+        on_free,
+        target: if capped { room } else { target },
+        reason: if capped { OVER_SHARE } else { reason },
+        capped,
     }
 }
 
+/// What [`idle_bound`] decides.
+struct IdleBound {
+    /// The bound the cache and the slabs apply to idle memory on frees.
+    on_free: u64,
+    /// Idle memory to keep now, and why.
+    target: u64,
+    reason: &'static str,
+    /// The share cap set the target ([`share_cap`]).
+    capped: bool,
+}
+
 /// The most the allocator holds with idle memory in it, where that bounds anything: all it
-/// could hold (free memory and its own) less the part of the memory expected free at the
-/// workload's peak that is left to other processes, `1 - bounds.spare_share` of it. Once a
+/// could hold (free memory and its own) less `left`, the part of the memory expected free at
+/// the workload's peak that is left to other processes, `1 - bounds.spare_share` of it. Once a
 /// cycle is seen that is the workload's peak footprint plus `spare_share` of the memory beyond
 /// it; before, the peak is taken as `bounds.peak_growth` times the peak so far, so a first
 /// step's memory is not given back before the workload has shown its peak. With the default
@@ -241,8 +261,7 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
 /// what it gave (near passthrough's minimum: summed over 25 traces at 1.1x peak live, 3232 ms
 /// a pass in steady state instead of 2840; gpu-small-fwd-fp32 at 1.5x peak live, 6.2 ms a pass
 /// instead of 0.01).
-fn share_cap(s: &Sample, lim: &Limits, spare: u64) -> Option<u64> {
-    let left = spare - (spare as f64 * lim.spare_share) as u64;
+fn share_cap(s: &Sample, lim: &Limits, left: u64) -> Option<u64> {
     (s.free >= lim.headroom && left > lim.headroom).then(|| (s.free + s.reserved).saturating_sub(left))
 }
 

@@ -236,7 +236,8 @@ impl Suballoc {
             return 0;
         }
         // Each donor page with the run it was taken in: a move stays within one run (one
-        // slab's reservation), even where two slabs' reservations happen to adjoin.
+        // slab's reservation), even where two slabs' reservations happen to adjoin. Pages of
+        // one run are adjacent, so the run alone says whether donors continue.
         let donors: Vec<(DevicePtr, usize)> = self
             .take_idle(targets.len() as u64 * page, donor)
             .into_iter()
@@ -248,11 +249,7 @@ impl Suballoc {
         let n = donors.len().min(targets.len());
         while filled < n {
             let mut j = filled + 1;
-            while j < n
-                && donors[j].1 == donors[j - 1].1
-                && donors[j].0 == donors[j - 1].0 + page
-                && targets[j] == targets[j - 1] + page
-            {
+            while j < n && donors[j].1 == donors[j - 1].1 && targets[j] == targets[j - 1] + page {
                 j += 1;
             }
             let len = (j - filled) as u64 * page;
