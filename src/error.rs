@@ -255,7 +255,7 @@ pub enum ConfigError {
         line: usize,
         /// Column of the error, from 1.
         column: usize,
-        /// The key at fault, dotted (`bounds.max_idle`), where known.
+        /// The key at fault, dotted (`bounds.headroom`), where known.
         key: Option<String>,
         /// What is wrong.
         message: String,

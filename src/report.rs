@@ -8,7 +8,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::device::CostModel;
-use crate::policy::{ClassSummary, Decision, Policy, RouteChange, Segregate, SizeOrFraction, TimelinePoint};
+use crate::policy::{ClassSummary, Decision, Policy, RouteChange, Segregate, TimelinePoint};
 use crate::size::ByteSize;
 use crate::stats::{Stats, StrategyStats};
 use crate::strategy::{SlabBacking, StrategyKind};
@@ -139,7 +139,7 @@ pub struct TuningReport {
     /// The most memory live blocks in slabs held beyond their driver footprint, at a sample.
     pub peak_stranded_bytes: u64,
     /// Idle memory given back because of the policy's bounds: by the engine at its samples, and
-    /// by the cache and the slabs on frees (idle over `bounds.max_idle`).
+    /// by the cache and the slabs on frees (idle over the bound the engine set at its last sample).
     pub bytes_released_by_bounds: u64,
     /// Samples of the device's free memory.
     pub mem_info_samples: u64,
@@ -262,7 +262,6 @@ impl TuningReport {
 
     /// Derives the recommended policy from what happened. Each change says why.
     fn recommend(&mut self) {
-        let (used_idle_bound, larger_idle_bound) = (self.policy_max_idle(), self.larger_idle_bound());
         let p = &mut self.recommended_policy;
         let mut why = Vec::new();
         // Only keys that take effect under the policy's mode: slab settings where slabs are
@@ -287,17 +286,16 @@ impl TuningReport {
             && keeps_idle
             && self.driver.calls_ratio > 0.10
             && self.bytes_released_by_bounds > 0
-            && let Some(bound) = larger_idle_bound
+            && let Some(share) = larger_spare_share(p.bounds.spare_share)
         {
             // Idle memory was given back and then asked for again: keep more of it.
-            p.bounds.max_idle = SizeOrFraction::Bytes(bound);
+            let used = p.bounds.spare_share;
+            p.bounds.spare_share = share;
             p.bounds.idle_age_ops = p.bounds.idle_age_ops.saturating_mul(4).max(100_000);
             why.push(format!(
-                "{:.0}% of passthrough's driver calls while {} of idle memory was released by bounds: keep up to {} idle (was {}) and age it out 4x later",
+                "{:.0}% of passthrough's driver calls while {} of idle memory was released by bounds: keep more of it idle (bounds.spare_share = {share}, was {used}: half of what was left to other processes beyond the peak) and age it out 4x later",
                 self.driver.calls_ratio * 100.0,
                 ByteSize(self.bytes_released_by_bounds),
-                ByteSize(bound),
-                ByteSize(used_idle_bound)
             ));
         }
         // The guard paid a driver call per refusal for a peak that never came: the workload
@@ -371,21 +369,6 @@ impl TuningReport {
         }
         p.description = format!("recommended by adaptalloc for this workload; based on: {}", self.policy);
         self.recommendations = why;
-    }
-
-    /// `bounds.max_idle` of the policy used, in bytes on this device.
-    fn policy_max_idle(&self) -> u64 {
-        self.recommended_policy.bounds.max_idle.resolve(self.device_total_bytes)
-    }
-
-    /// An idle bound that would have kept what the run held at its peak (at the workload's low
-    /// point nearly all of it is idle), at least twice the bound used, and never the headroom;
-    /// None when that is no more than the bound used (a larger one cannot fit on the device).
-    fn larger_idle_bound(&self) -> Option<u64> {
-        let used = self.policy_max_idle();
-        let most = self.device_total_bytes.saturating_sub(self.memory.headroom_bytes);
-        let bound = self.memory.peak_reserved_bytes.max(used.saturating_mul(2)).min(most);
-        (bound > used).then_some(bound)
     }
 
     /// The report as pretty-printed JSON (feature `json`).
@@ -601,11 +584,26 @@ impl fmt::Display for TuningReport {
     }
 }
 
+/// A `bounds.spare_share` that keeps more idle memory than `used`: half of what `used` left to
+/// other processes beyond the workload's peak, rounded to hundredths; None when nothing is left.
+fn larger_spare_share(used: f64) -> Option<f64> {
+    (used < 1.0).then(|| ((used + 1.0) * 50.0).round() / 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
-    use super::report_path_for_device;
+    use super::{larger_spare_share, report_path_for_device};
+
+    #[test]
+    fn a_larger_spare_share_halves_what_was_left_to_others() {
+        assert_eq!(larger_spare_share(0.0), Some(0.5));
+        assert_eq!(larger_spare_share(0.5), Some(0.75));
+        assert_eq!(larger_spare_share(0.75), Some(0.88));
+        assert_eq!(larger_spare_share(0.99), Some(1.0));
+        assert_eq!(larger_spare_share(1.0), None, "nothing left to give");
+    }
 
     #[test]
     fn each_device_gets_a_report_of_its_own_that_keeps_the_extension() {

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use adaptalloc::device::{Device, SimDevice};
-use adaptalloc::policy::{Policy, RoutingMode, SizeOrFraction};
+use adaptalloc::policy::{Policy, RoutingMode};
 use adaptalloc::strategy::StrategyKind;
 use adaptalloc::{Allocator, DevicePtr};
 
@@ -107,10 +107,11 @@ fn a_cycle_is_seen_whatever_the_phase_of_the_samples() {
 #[test]
 fn a_cache_miss_takes_a_slab_hole_before_the_driver() {
     let dev = Arc::new(SimDevice::new(1 << 30));
-    // No idle bound beside the cycle's, so that the 24 MiB class may be cached at all (with
-    // the default's, a class the slabs serve without driver calls stays there).
+    // Routes follow one window: the 24 MiB class moves to the cache after the first, whose
+    // slab growth made driver calls (later windows make none, and a class the slabs serve
+    // without driver calls stays there).
     let mut policy = Policy::default();
-    policy.bounds.max_idle = SizeOrFraction::Fraction(1.0);
+    policy.routing.hysteresis = 1;
     let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
     let four = || -> Vec<DevicePtr> { (0..4).map(|_| alloc.allocate_raw(24 << 20, 0).unwrap()).collect() };
     for i in 0..800u64 {

@@ -65,6 +65,11 @@ fn broken_policy_files_name_file_line_and_key() {
             "p.toml:2",
             "retired: under the low watermark",
         ),
+        (
+            "[bounds]\nheadroom = \"5%\"\nmax_idle = \"25%\"\n",
+            "p.toml:3",
+            "raise `bounds.spare_share`",
+        ),
         ("[bounds]\nspare_share = \"half\"\n", "p.toml:2", "spare_share"),
         (
             "[suballoc]\nmin_slab = \"2GiB\"\nmax_slab = \"1GiB\"\n",

@@ -39,19 +39,18 @@ pub const BASELINE: &str = "the base policy (baseline)";
 
 fn variants(base: &Policy) -> Vec<(String, Policy)> {
     let mut out = vec![(BASELINE.to_string(), base.clone())];
-    for max_idle in [0.10, 0.25, 0.50] {
+    for spare_share in [0.25, 0.5, 0.75] {
         for loose in [0.25, 0.5, 1.0] {
             for seg in [Segregate::Never, Segregate::Always] {
                 for tight in [0.20, 0.35, 0.60] {
                     let mut p = base.clone();
-                    p.bounds.max_idle = SizeOrFraction::Fraction(max_idle);
+                    p.bounds.spare_share = spare_share;
                     p.suballoc.loose_growth = loose;
                     p.suballoc.segregate = seg;
                     p.bounds.tight_below = SizeOrFraction::Fraction(tight);
                     let seg_name = if seg == Segregate::Always { "always" } else { "never" };
                     let label = format!(
-                        "max_idle {:.0}%, loose_growth {loose}, segregate {seg_name}, tight_below {:.0}%",
-                        max_idle * 100.0,
+                        "spare_share {spare_share}, loose_growth {loose}, segregate {seg_name}, tight_below {:.0}%",
                         tight * 100.0
                     );
                     out.push((label, p));

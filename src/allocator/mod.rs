@@ -308,16 +308,16 @@ impl Allocator {
     /// memory, release-and-retry on OOM, and a tuning report ([`Allocator::report`]).
     pub fn with_policy(device: Arc<dyn Device>, policy: Policy) -> Self {
         let total = device.mem_info().map(|m| m.total).unwrap_or(u64::MAX);
-        let max_idle = policy.bounds.max_idle.resolve(total);
+        // Idle memory is bounded by the engine from its first sample (the first operation).
         let caching = StrategyConfig::Caching(CachingConfig {
-            max_idle_bytes: Some(max_idle),
+            max_idle_bytes: None,
             rounding: policy.caching.rounding,
         });
         let suballoc = StrategyConfig::Suballoc(SuballocConfig {
             min_slab: policy.suballoc.min_slab.0,
             max_slab: policy.suballoc.max_slab.0,
             growth: policy.suballoc.growth,
-            max_empty_bytes: max_idle,
+            max_empty_bytes: u64::MAX,
             segregate: policy.suballoc.segregate == crate::policy::Segregate::Always,
             page_release: policy.suballoc.page_release,
             backing: policy.suballoc.backing,

@@ -12,7 +12,6 @@ pub(crate) struct Limits {
     pub headroom: u64,
     pub low_watermark: u64,
     pub tight_below: u64,
-    pub max_idle: u64,
     /// Operations before the first routing decision: no cycle is judged before it.
     pub interval_ops: u64,
     pub peak_growth: f64,
@@ -34,7 +33,6 @@ impl Limits {
             headroom: b.headroom.resolve(total),
             low_watermark: b.low_watermark.resolve(total),
             tight_below: b.tight_below.resolve(total),
-            max_idle: b.max_idle.resolve(total),
             interval_ops: policy.routing.interval_ops,
             peak_growth: b.peak_growth,
             strand_share: b.strand_share,
@@ -79,7 +77,6 @@ pub(crate) struct Prior {
 /// Why idle memory is bounded where it is (the decision log's words).
 pub(crate) const OVER_PEAK: &str =
     "idle memory over the workload's peak plus bounds.spare_share of the memory free at it";
-pub(crate) const OVER_MAX_IDLE: &str = "idle memory over policy bounds.max_idle";
 pub(crate) const OVER_CYCLE: &str = "idle memory over what the workload's cycle has held at its peak";
 pub(crate) const OVER_SHARE: &str =
     "held memory over the workload's peak plus bounds.spare_share of the memory beyond it (left to other processes)";
@@ -185,10 +182,10 @@ fn spare_at_peak(s: &Sample, lim: &Limits, cycle_seen: bool) -> u64 {
     ((s.free + s.reserved) as f64 - expected_peak).max(0.0) as u64
 }
 
-/// The bound on idle memory on frees, and the idle memory kept now with its reason:
-/// `bounds.max_idle`, or, while the slabs strand at most a quarter of the guard's budget (with
-/// the guard off: outside tight mode), as much as keeps what the allocator holds within the
-/// workload's peak so far plus `bounds.spare_share` of the memory expected free at the peak:
+/// The bound on idle memory on frees, and the idle memory kept now with its reason: while the
+/// slabs strand at most a quarter of the guard's budget (with the guard off: outside tight
+/// mode), as much as keeps what the allocator holds within the workload's peak so far plus
+/// `bounds.spare_share` of the memory expected free at the peak:
 /// what one cycle frees is then kept for the next (a serving loop frees nearly all it holds
 /// between requests). Tight mode itself needs no test of its own here: without one,
 /// gpu-medium-ctx256-infer at 1.1x passthrough's minimum makes 265 driver calls instead of 477,
@@ -217,15 +214,13 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
     let in_use = s.reserved - s.idle;
     let cycle = s.reserved_peak.saturating_sub(in_use);
     let to_peak = hold.saturating_sub(s.footprint);
-    let (target, reason) = if cycle >= to_peak.max(lim.max_idle) {
+    let (target, reason) = if cycle >= to_peak {
         (cycle, OVER_CYCLE)
-    } else if to_peak > lim.max_idle {
-        (to_peak, OVER_PEAK)
     } else {
-        (lim.max_idle, OVER_MAX_IDLE)
+        (to_peak, OVER_PEAK)
     };
     let cap = share_cap(s, lim, spare - kept).unwrap_or(u64::MAX);
-    let on_free = lim.max_idle.max(hold).max(s.reserved_peak.min(cap));
+    let on_free = hold.max(s.reserved_peak.min(cap));
     let room = cap.saturating_sub(in_use);
     let capped = target > room;
     IdleBound {
@@ -297,7 +292,6 @@ mod tests {
             headroom: 2 * GIB,
             low_watermark: GIB,
             tight_below: 8 * GIB,
-            max_idle: 512 * MIB,
             interval_ops: 1000,
             peak_growth: 1.25,
             strand_share: 0.1,
@@ -340,14 +334,14 @@ mod tests {
         assert_eq!((p.slab_limit, p.growth), (38 * GIB, 1.0));
     }
 
-    /// Idle memory up to the cycle's peak is kept whatever max_idle says: a sample at the low
+    /// Idle memory up to the cycle's peak is kept with no spare share at all: a sample at the low
     /// point of a step (2 GiB in use of a 10 GiB peak, 8 GiB idle) keeps all 8 GiB, and frees
     /// until the next sample may leave up to the peak idle; idle memory beyond the peak (held
     /// by no cycle, as after a co-tenant) is bounded as before.
     #[test]
     fn idle_memory_up_to_the_cycles_peak_is_kept_for_the_next_cycle() {
         let mut l = limits();
-        l.spare_share = 0.0; // no spare share: max_idle alone would keep 512 MiB
+        l.spare_share = 0.0; // no spare share: only the cycle keeps memory idle
         let mut s = sample();
         (s.idle, s.footprint) = (8 * GIB, 2 * GIB);
         let p = assess(&s, &l, Prior::default());
@@ -355,14 +349,14 @@ mod tests {
             (p.idle_target, p.on_free_idle, p.reason),
             (8 * GIB, 10 * GIB, OVER_CYCLE)
         );
-        // Stranding over the budget once cut the bound to max_idle; the cycle still holds.
+        // Stranding over the budget drops the spare share; the cycle still holds.
         s.stranded = GIB;
         assert_eq!(assess(&s, &l, Prior::default()).idle_target, 8 * GIB);
         // Under the headroom, the headroom rule still gives back what others need.
         s.free = GIB + 512 * MIB;
         let p = assess(&s, &l, Prior::default());
         assert_eq!((p.idle_target, p.reason), (7 * GIB + 512 * MIB, UNDER_HEADROOM));
-        // Held beyond the peak (the peak so far was 6 GiB): bounded by max_idle.
+        // Held beyond the peak (the peak so far was 6 GiB): bounded by the cycle.
         let mut s = sample();
         (s.idle, s.reserved_peak) = (8 * GIB, 6 * GIB);
         let p = assess(&s, &l, Prior::default());
@@ -405,9 +399,11 @@ mod tests {
                 |p| p.strand_budget.is_none(),
             ),
             (
-                "stranding over a quarter of the budget: idle bounded by max_idle past the cycle's peak",
+                "stranding over a quarter of the budget: no spare share, idle bounded by the cycle's peak",
+                // 9 GiB in use of a 9 GiB peak held: nothing idle kept at the sample, and frees
+                // may leave idle what brings the held memory back to that peak.
                 |s, _, _| (s.stranded, s.reserved_peak) = (GIB, 9 * GIB),
-                |p| p.idle_target == 512 * MIB && p.on_free_idle == 9 * GIB && p.reason == OVER_MAX_IDLE,
+                |p| p.idle_target == 0 && p.on_free_idle == 9 * GIB && p.reason == OVER_CYCLE,
             ),
             (
                 "share cap: what is held stays within the peak plus spare_share of the memory beyond it",

@@ -110,8 +110,7 @@ pub struct RoutingPolicy {
     pub cache_min_reuse: f64,
     /// ... and whose blocks are at most this many live at once: then a cache needs that many
     /// driver allocations in all, fewer than slabs would. A class the slabs serve without
-    /// driver calls stays there when the memory held plus its blocks cached would pass
-    /// `bounds.max_idle`.
+    /// driver calls stays there.
     pub cache_max_live_blocks: u64,
     /// Operations between routing decisions.
     pub interval_ops: u64,
@@ -180,10 +179,6 @@ pub struct BoundsPolicy {
     /// Under this much free device memory the device is "tight": new slabs are segregated by
     /// size class (see `suballoc.segregate`).
     pub tight_below: SizeOrFraction,
-    /// Idle memory kept beyond this only as `spare_share` allows, or up to what the allocator held
-    /// at its peak; never beyond `spare_share`'s bound on what is held ("100%": no bound of its
-    /// own).
-    pub max_idle: SizeOrFraction,
     /// Idle blocks and empty slabs not reused within this many operations are released (0: never).
     pub idle_age_ops: u64,
     /// Operations between mem_info samples when no driver call forces one, at first: the gap
@@ -207,9 +202,9 @@ pub struct BoundsPolicy {
     /// free when they ask (0.5: a co-tenant taking half of what passthrough would leave free
     /// gets it). No such bound where the rest is no more than `headroom`. Within that, while
     /// the slabs strand at most a quarter of the strand guard's budget (with the guard off:
-    /// outside tight mode), idle memory may pass `max_idle` up to the same share of the memory
-    /// expected free at the peak (see `peak_growth`). 0: nothing idle beyond the workload's
-    /// peak; 1: nothing left to others.
+    /// outside tight mode), idle memory is kept up to the same share of the memory expected
+    /// free at the peak (see `peak_growth`); otherwise up to what the allocator held at its
+    /// peak so far. 0: nothing idle beyond the workload's peak; 1: nothing left to others.
     pub spare_share: f64,
 }
 
@@ -219,7 +214,6 @@ impl Default for BoundsPolicy {
             headroom: SizeOrFraction::Fraction(0.05),
             low_watermark: SizeOrFraction::Fraction(0.03),
             tight_below: SizeOrFraction::Fraction(0.35),
-            max_idle: SizeOrFraction::Fraction(0.25),
             idle_age_ops: 200_000,
             mem_info_interval_ops: 1024,
             strand_share: 0.5,
@@ -382,11 +376,20 @@ pub const PRESETS: [(&str, &str); 6] = [
 
 /// Keys policies once had, with what took their place: a file that still sets one is told so,
 /// not only that the key is unknown.
-const RETIRED: &[(&str, &str)] = &[(
-    "bounds.pressure_max_idle",
-    "retired: under the low watermark idle memory now goes back until free memory is at the \
-     headroom again (or at the watermark, if higher); remove the key",
-)];
+const RETIRED: &[(&str, &str)] = &[
+    (
+        "bounds.pressure_max_idle",
+        "retired: under the low watermark idle memory now goes back until free memory is at the \
+         headroom again (or at the watermark, if higher); remove the key",
+    ),
+    (
+        "bounds.max_idle",
+        "retired: idle memory is kept up to what the workload held at its peak, within \
+         `bounds.spare_share` of the memory beyond the peak, and goes back under the headroom \
+         or by age (`bounds.idle_age_ops`); to keep more idle raise `bounds.spare_share`, to \
+         keep less lower it; remove the key",
+    ),
+];
 
 /// Adds what became of a retired key to the error that names it.
 fn retired(mut e: ConfigError) -> ConfigError {

@@ -62,7 +62,7 @@ impl Engine {
     pub fn new(policy: Policy, kinds: Vec<StrategyKind>, total: u64, model: Granularity) -> Self {
         let limits = Limits::new(&policy, total, total < TINY_DEVICE_PAGES * model.large_granule);
         Engine {
-            on_free_idle: limits.max_idle,
+            on_free_idle: u64::MAX,
             next_tick: policy.routing.interval_ops,
             next_sample: 0,
             sample_gap: policy.bounds.mem_info_interval_ops,
@@ -179,8 +179,7 @@ impl Engine {
         }
         self.next_tick = op + self.policy.routing.interval_ops;
         if self.policy.routing.mode == RoutingMode::Adaptive {
-            let reserved = strategies.iter().map(Strategy::reserved_bytes).sum();
-            self.reroute(routes, op, reserved);
+            self.reroute(routes, op);
         }
         let age = self.policy.bounds.idle_age_ops;
         if age > 0 && op > age {
@@ -382,7 +381,7 @@ impl Engine {
 
     /// Re-routes every class with enough requests in its window ([`classify::want`], with
     /// hysteresis), and starts its next window.
-    fn reroute(&mut self, routes: &mut [u8; BUCKETS], op: u64, reserved: u64) {
+    fn reroute(&mut self, routes: &mut [u8; BUCKETS], op: u64) {
         let r = &self.policy.routing;
         let tight_small = self.prior.tight && r.small_exact_when_tight;
         for (b, route) in routes.iter_mut().enumerate() {
@@ -392,7 +391,7 @@ impl Engine {
                 continue;
             }
             let in_slabs = self.kinds[*route as usize] == StrategyKind::Suballoc;
-            let w = Window::of(c, bucket_range(b).0, in_slabs, reserved, self.limits.max_idle);
+            let w = Window::of(c, bucket_range(b).0, in_slabs);
             let want = classify::want(&w, r);
             c.new_window();
             let want_idx = self.kinds.iter().position(|&k| k == want).unwrap_or(0);
