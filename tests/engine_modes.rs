@@ -107,12 +107,7 @@ fn a_cycle_is_seen_whatever_the_phase_of_the_samples() {
 #[test]
 fn a_cache_miss_takes_a_slab_hole_before_the_driver() {
     let dev = Arc::new(SimDevice::new(1 << 30));
-    // Routes follow one window: the 24 MiB class moves to the cache after the first, whose
-    // slab growth made driver calls (later windows make none, and a class the slabs serve
-    // without driver calls stays there).
-    let mut policy = Policy::default();
-    policy.routing.hysteresis = 1;
-    let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
+    let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, Policy::default());
     let four = || -> Vec<DevicePtr> { (0..4).map(|_| alloc.allocate_raw(24 << 20, 0).unwrap()).collect() };
     for i in 0..800u64 {
         let a = four();

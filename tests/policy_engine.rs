@@ -105,9 +105,6 @@ fn a_phase_change_reroutes_and_gives_idle_memory_back() {
     // The phases are short (3,192 events): decide every 256 operations, age idle memory after 2,000.
     policy.routing.interval_ops = 256;
     policy.bounds.idle_age_ops = 2000;
-    // Routes follow one window: the workspace class moves to the cache after its first, whose
-    // slab growth made driver calls (a class the slabs serve without driver calls stays there).
-    policy.routing.hysteresis = 1;
     let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
     let m = replay_with(&trace, &alloc, ReplayOptions::default(), |_| {});
     assert_eq!(m.failed_allocs, 0);

@@ -94,6 +94,11 @@ pub(crate) struct Plan {
     pub strand_budget: Option<u64>,
     /// The bound the cache and the slabs apply to idle memory on frees until the next sample.
     pub on_free_idle: u64,
+    /// The most the allocator may hold with a class's blocks moved from the slabs into the
+    /// cache: the workload's peak plus `bounds.spare_share` of the memory expected free at it,
+    /// the peak taken as `bounds.peak_growth` times the peak so far even after a cycle (a margin
+    /// for later steps that outgrow the first).
+    pub cache_bound: u64,
     /// Idle memory to keep now, and why.
     pub idle_target: u64,
     pub reason: &'static str,
@@ -151,6 +156,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         spare,
         strand_budget,
         on_free_idle,
+        cache_bound: s.footprint_peak + (spare_at_peak(s, lim, false) as f64 * lim.spare_share) as u64,
         idle_target,
         reason,
         unmap_pages,
@@ -372,7 +378,7 @@ mod tests {
             fn(&mut Sample, &mut Limits, &mut Prior),
             fn(&Plan) -> bool,
         );
-        let rows: [Row; 18] = [
+        let rows: [Row; 19] = [
             (
                 "cycle: footprint under half its peak after the first interval",
                 |s, _, _| s.footprint = 4 * GIB,
@@ -404,6 +410,12 @@ mod tests {
                 // may leave idle what brings the held memory back to that peak.
                 |s, _, _| (s.stranded, s.reserved_peak) = (GIB, 9 * GIB),
                 |p| p.idle_target == 0 && p.on_free_idle == 9 * GIB && p.reason == OVER_CYCLE,
+            ),
+            (
+                "cache bound: the peak taken as peak_growth times the peak so far, even after a cycle",
+                // 50 GiB in all less 1.25 x 10 GiB, half of it over the 10 GiB peak.
+                |_, _, pr| pr.cycle_seen = true,
+                |p| p.cycle_seen && p.cache_bound == 28 * GIB + 768 * MIB,
             ),
             (
                 "share cap: what is held stays within the peak plus spare_share of the memory beyond it",

@@ -204,27 +204,32 @@ pub(crate) struct Window {
     pub reuse: f64,
     pub distinct: u8,
     pub peak_blocks: u64,
-    /// The class is in the slabs and made no driver call in the window.
+    /// The class is in the slabs and made no driver call in the window, and what the allocator
+    /// holds plus the class's peak would pass the engine's
+    /// [`cache_bound`](super::assess::Plan::cache_bound).
     pub stays_in_slabs: bool,
 }
 
 impl Window {
-    pub fn of(c: &ClassStats, min_bytes: u64, in_slabs: bool) -> Self {
+    pub fn of(c: &ClassStats, min_bytes: u64, in_slabs: bool, reserved: u64, cache_bound: u64) -> Self {
         Window {
             min_bytes,
             reuse: c.w_reuse_hits as f64 / c.w_requests as f64,
             distinct: c.w_distinct,
             peak_blocks: c.w_peak_blocks,
-            // A class the slabs serve without a driver call stays there, however cacheable: a
-            // cache would take driver allocations of its own while the class's slab holes stay
-            // held, and the idle bound would strip it at the workload's low points (the 17
-            // workloads repeated 5 times at 2x peak live: 8,381 driver calls with the move, 901
-            // without; gpu-small-fwd-fp32 and the gpu-medium inference traces make 5-21% of
-            // passthrough's calls with it, 0.2-1.2% without). It once held only where the
-            // memory held plus the class's peak passed the retired `bounds.max_idle`; with the
-            // rule unconditional, steady.md and the tenant table came out identical and the
-            // robustness grid with the same failing runs.
-            stays_in_slabs: in_slabs && c.w_misses == 0,
+            // A class the slabs serve without a driver call stays there, however cacheable,
+            // where its blocks cached beside the slab holes they leave would take the held
+            // memory past the cache bound (the workload's peak, with a margin, plus
+            // `bounds.spare_share` of the memory beyond it): the idle bound would strip the
+            // cache again on every cycle (the 17 workloads repeated 5 times at 2x peak live:
+            // 8,381 driver calls with the move, 901 without; gpu-small-fwd-fp32 and the
+            // gpu-medium inference traces make 5-21% of passthrough's calls with it, 0.2-1.2%
+            // without), and near passthrough's minimum exact-size blocks strand what slabs
+            // would share (the bound without the margin: one more failing run at the exact
+            // minimum). Where the device has the room, the cache's O(1) reuse is the faster host
+            // path: one size allocated and freed in a loop, 744 instructions a pair in the
+            // cache against 1,590 in slabs (callgrind, examples/hotpath).
+            stays_in_slabs: in_slabs && c.w_misses == 0 && reserved.saturating_add(c.live.peak) > cache_bound,
         }
     }
 }
@@ -377,7 +382,7 @@ mod tests {
                 StrategyKind::Suballoc,
             ),
             (
-                "served by slabs without driver calls: stays",
+                "served by slabs and caching would pass the cache bound: stays",
                 Window {
                     stays_in_slabs: true,
                     ..cacheable
@@ -391,14 +396,24 @@ mod tests {
     }
 
     #[test]
-    fn stays_in_slabs_needs_no_misses() {
+    fn stays_in_slabs_needs_no_misses_and_the_cache_bound_passed() {
         let mut c = ClassStats::new();
         c.on_alloc(MIB, 0);
         c.w_requests = 1;
-        assert!(Window::of(&c, MIB, true).stays_in_slabs);
-        assert!(!Window::of(&c, MIB, false).stays_in_slabs, "not in slabs");
+        assert!(Window::of(&c, MIB, true, 10 * MIB, 10 * MIB).stays_in_slabs);
+        assert!(
+            !Window::of(&c, MIB, true, 8 * MIB, 10 * MIB).stays_in_slabs,
+            "fits the bound"
+        );
+        assert!(
+            !Window::of(&c, MIB, false, 10 * MIB, 10 * MIB).stays_in_slabs,
+            "not in slabs"
+        );
         c.w_misses = 1;
-        assert!(!Window::of(&c, MIB, true).stays_in_slabs, "it missed");
+        assert!(
+            !Window::of(&c, MIB, true, 10 * MIB, 10 * MIB).stays_in_slabs,
+            "it missed"
+        );
     }
 
     #[test]

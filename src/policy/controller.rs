@@ -24,6 +24,9 @@ pub struct Engine {
     classes: Vec<ClassStats>,
     /// The bound on idle memory the cache and the slabs apply on frees between samples.
     on_free_idle: u64,
+    /// The plan's [`cache_bound`](assess::Plan::cache_bound) at the last sample (0 before the
+    /// first: no class leaves the slabs for the cache before the engine has seen the device).
+    cache_bound: u64,
     next_tick: u64,
     next_sample: u64,
     /// Operations from one periodic sample to the next: `bounds.mem_info_interval_ops`, doubled
@@ -63,6 +66,7 @@ impl Engine {
         let limits = Limits::new(&policy, total, total < TINY_DEVICE_PAGES * model.large_granule);
         Engine {
             on_free_idle: u64::MAX,
+            cache_bound: 0,
             next_tick: policy.routing.interval_ops,
             next_sample: 0,
             sample_gap: policy.bounds.mem_info_interval_ops,
@@ -179,7 +183,8 @@ impl Engine {
         }
         self.next_tick = op + self.policy.routing.interval_ops;
         if self.policy.routing.mode == RoutingMode::Adaptive {
-            self.reroute(routes, op);
+            let reserved = strategies.iter().map(Strategy::reserved_bytes).sum();
+            self.reroute(routes, op, reserved);
         }
         let age = self.policy.bounds.idle_age_ops;
         if age > 0 && op > age {
@@ -285,6 +290,7 @@ impl Engine {
             );
         }
         self.prior.cycle_seen = plan.cycle_seen;
+        self.cache_bound = plan.cache_bound;
         if plan.on_free_idle != self.on_free_idle {
             self.on_free_idle = plan.on_free_idle;
             for st in strategies.iter_mut() {
@@ -381,7 +387,7 @@ impl Engine {
 
     /// Re-routes every class with enough requests in its window ([`classify::want`], with
     /// hysteresis), and starts its next window.
-    fn reroute(&mut self, routes: &mut [u8; BUCKETS], op: u64) {
+    fn reroute(&mut self, routes: &mut [u8; BUCKETS], op: u64, reserved: u64) {
         let r = &self.policy.routing;
         let tight_small = self.prior.tight && r.small_exact_when_tight;
         for (b, route) in routes.iter_mut().enumerate() {
@@ -391,7 +397,7 @@ impl Engine {
                 continue;
             }
             let in_slabs = self.kinds[*route as usize] == StrategyKind::Suballoc;
-            let w = Window::of(c, bucket_range(b).0, in_slabs);
+            let w = Window::of(c, bucket_range(b).0, in_slabs, reserved, self.cache_bound);
             let want = classify::want(&w, r);
             c.new_window();
             let want_idx = self.kinds.iter().position(|&k| k == want).unwrap_or(0);
