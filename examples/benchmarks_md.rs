@@ -1,10 +1,13 @@
 //! Writes BENCHMARKS.md to standard output: the criterion figures of `benches/peers.rs` (read
 //! from target/criterion) as ratios to offset-allocator and to passthrough from the same run,
 //! the compare table (every strategy x every trace in ../shared/traces and the bundled
-//! workloads x capacity factors 1.1, 1.5 and 4, plus --repeat 10) and the sweep table.
+//! workloads x capacity factors 1.1, 1.5 and 4, plus --repeat 10), warm-up and steady state
+//! against the peers under both cost models (as in tuning/reports/steady.md) and the sweep table.
 //!
 //! Run through `scripts/benchmarks.sh`, which runs the benches first.
 
+#[path = "common/steady.rs"]
+mod steady;
 #[path = "common/workloads.rs"]
 mod workloads;
 
@@ -137,29 +140,18 @@ fn main() {
          compare modelled time. Below each table, each allocator's time summed over the workloads.\n"
     );
     println!(
-        "Where adaptive stands: its modelled time is above `pytorch`'s on nearly every workload. Its slabs \
-         are backed by 2 MiB physical handles (a cuMemCreate and a cuMemMap each, 193 us and 1.45 us in the \
-         A100 figures the default model takes) so that free memory inside slabs in use can go back to the \
-         device, which is what lets it complete every workload down to passthrough's exact minimum; PyTorch's \
-         allocator maps its footprint in a few hundred cudaMalloc segments. `suballoc.backing = \"whole\"`, \
-         `\"large-handles\"` or `\"blocks\"` trade that promise for time (README.md has what each costs and \
-         fails); tuning/reports/peers.md has the targets, the same under the cheaper published prices \
-         (vmm-fast.toml), and the time by kind of driver operation; tuning/reports/steady.md (`cargo run \
-         --release --example steady_eval`) splits each workload's time into warm-up and steady state per pass \
-         against pytorch, pytorch-expandable and cuda-async-retain, under both cost models, with every miss of \
-         issue 24's targets and its cause. Summed over the 17 workloads under the default model, the steady state costs \
-         0.07 ms a pass at 4x peak live and 0.08 ms at 2x (free memory is sampled less while nothing else \
-         changes it, a cycle counts at its low point between samples, and out of memory gives back what the \
-         request needs first), 564 ms at 1.5x (nearly all small-churn) and 149 ms at 1.1x passthrough's \
-         minimum where PyTorch completes (idle pages are moved where new ones would take the headroom, where \
-         the prices say a move is cheaper; pressure gives back idle memory only down to the headroom; a cache \
-         miss takes a slab hole before the driver); the first pass, \
-         backed page by page, is still about 25x PyTorch's. Handles shaped to blocks (`suballoc.backing = \
-         \"blocks\"`, opt-in) take the warm-up to 2638 / 1969 / 982 ms at 1.5x / 2x / 4x peak live (pages: \
-         6019 / 5523 / 5519) and 807 / 272 / 115 ms under vmm-fast.toml (pages: 762 / 263 / 259), at the \
-         price of more failing runs near passthrough's exact minimum; the tuning report recommends them after \
-         a run that came near filling the device without running short, and replay keeps that advice only \
-         where it pays under the run's own prices, first pass and every pass after.\n"
+        "Where adaptive stands: on a first pass its modelled time is above `pytorch`'s on nearly every \
+         workload. Its slabs are backed by 2 MiB physical handles (a cuMemCreate and a cuMemMap each, 193 us \
+         and 1.45 us in the A100 figures the default model takes) so that free memory inside slabs in use can \
+         go back to the device, which is what lets it complete every workload down to passthrough's exact \
+         minimum; PyTorch's allocator maps its footprint in a few hundred cudaMalloc segments. \
+         `suballoc.backing = \"whole\"`, `\"large-handles\"` or `\"blocks\"` trade that promise for time \
+         (README.md has what each costs and fails). Repeated, the steady state is where it stands close: \
+         \"Warm-up and steady state\" below, from this run, splits each workload's time into the warm-up and a \
+         steady pass against pytorch, pytorch-expandable and cuda-async-retain under both cost models, with \
+         every miss of issue 24's targets and its cause (the tables of tuning/reports/steady.md); \
+         tuning/reports/peers.md has the targets summed, the tuning report's advice replayed under both \
+         models, and the time by kind of driver operation.\n"
     );
     for (label, capacity, repeat) in [
         ("device 1.1x peak live", Capacity::Factor(1.1), 1),
@@ -240,6 +232,16 @@ fn main() {
             parts.join(", ")
         );
     }
+    println!("## Warm-up and steady state (issue 24's yardstick)\n");
+    println!(
+        "`compare --repeat 10` against `--repeat 5` under the default policy: the steady state is the mean \
+         per pass over passes 6-10, the warm-up the first five passes less four steady passes. Each cell: \
+         failed allocations / warm-up ms / steady ms a pass. Targets: a steady pass within pytorch's + 0.5 \
+         ms at 1.5x, 2x and 4x peak live (at 1.1x passthrough's minimum, within the better of pytorch and \
+         pytorch-expandable wherever either completes), a warm-up within 1.5x pytorch's; each miss below \
+         its table, with the driver calls that make it.\n"
+    );
+    steady::print_tables(&traces, None, "###");
     println!("## Sweep: the smallest device on which each strategy completes each trace (x peak live)\n");
     print_header(&["trace", "peak live"], &[]);
     let opts = CompareOptions::default();

@@ -57,6 +57,18 @@ struct Targets {
 }
 
 impl Targets {
+    /// Counts adaptive's second run on `t` at `capacity` with its first run's advice, under
+    /// `cost`, against `pytorch`'s run `p` where that completed.
+    fn advise(&mut self, t: &Trace, capacity: u64, cost: &CostModel, p: &StrategyResult) {
+        let (advised, kept) = advised_ns(t, capacity, cost);
+        self.advised.0 += advised as f64 / 1e6;
+        self.advised.1 += u32::from(kept);
+        if p.completed {
+            self.advised_over_pytorch.1 += 1;
+            self.advised_over_pytorch.0 += u32::from(advised > p.modeled_driver_ns);
+        }
+    }
+
     fn check(&mut self, peer: &'static str, t: &Trace, a: &StrategyResult, r: &StrategyResult) {
         let training = t.name.contains("train");
         let applies = peer == "pytorch" || training;
@@ -169,14 +181,8 @@ fn main() {
             println!("| {} ({}) | {} |", t.name, ByteSize(c), cells.join(" | "));
             let a = &rs[0];
             tg.sums.0 += a.modeled_driver_ns as f64 / 1e6;
-            let (advised, kept) = advised_ns(t, c);
-            tg.advised.0 += advised as f64 / 1e6;
-            tg.advised.1 += u32::from(kept);
-            if let Some(p) = shown.iter().position(|&s| s == Contender::Pytorch).map(|i| &rs[i])
-                && p.completed
-            {
-                tg.advised_over_pytorch.1 += 1;
-                tg.advised_over_pytorch.0 += u32::from(advised > p.modeled_driver_ns);
+            if let Some(p) = shown.iter().position(|&s| s == Contender::Pytorch).map(|i| &rs[i]) {
+                tg.advise(t, c, &opts.cost_model, p);
             }
             for k in &a.driver_by_kind {
                 let e = tg.kinds.entry(k.kind).or_default();
@@ -316,6 +322,7 @@ fn main() {
                 let r = run_one(t, s, c, &fast);
                 if s == Contender::Pytorch {
                     tg.sums.1 += r.modeled_driver_ns as f64 / 1e6;
+                    tg.advise(t, c, &fast.cost_model, &r);
                 }
                 tg.check(s.name(), t, &a, &r);
             }
@@ -335,15 +342,15 @@ fn main() {
     }
 }
 
-/// Adaptive's modelled driver time on `t` at `capacity` on a second run with the default
-/// policy's tuning report's advice, checked by replay as `adaptalloc replay` does, and whether
-/// advice was kept (the first run's time when none was).
-fn advised_ns(t: &Trace, capacity: u64) -> (u64, bool) {
+/// Adaptive's modelled driver time on `t` at `capacity` under `cost` on a second run with the
+/// default policy's tuning report's advice, checked by replay as `adaptalloc replay` does, and
+/// whether advice was kept (the first run's time when none was).
+fn advised_ns(t: &Trace, capacity: u64, cost: &CostModel) -> (u64, bool) {
     use adaptalloc::device::SimDevice;
     use adaptalloc::policy::Policy;
     use std::sync::Arc;
     let run = adaptalloc_cli::advice::run_with_advice(t, &Policy::default(), Default::default(), || {
-        Arc::new(SimDevice::new(capacity))
+        Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost.clone()).build())
     });
     match run.advised {
         Some(m) => (m.modeled_driver_ns, true),
