@@ -17,11 +17,17 @@ mod steady;
 #[path = "common/workloads.rs"]
 mod workloads;
 
-fn main() {
+fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let policy = args
-        .iter()
-        .position(|a| a == "--policy")
-        .map(|i| adaptalloc::policy::Policy::load(&args[i + 1]).expect("the policy loads"));
+    let policy = match args.iter().position(|a| a == "--policy") {
+        Some(i) => {
+            let p = args
+                .get(i + 1)
+                .ok_or_else(|| anyhow::anyhow!("--policy needs a preset name or a policy file"))?;
+            Some(adaptalloc::policy::Policy::load(p)?)
+        }
+        None => None,
+    };
     steady::print_tables(&workloads::traces(), policy, "##");
+    Ok(())
 }

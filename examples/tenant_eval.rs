@@ -17,12 +17,20 @@ use adaptalloc::size::ByteSize;
 use adaptalloc_cli::compare::{Capacity, CompareOptions, Contender, TenantSpec, passthrough_min_capacity, run_one};
 use workloads::traces;
 
-fn main() {
+fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let policy_name = args.iter().position(|a| a == "--policy").map(|i| args[i + 1].clone());
+    let policy_name = match args.iter().position(|a| a == "--policy") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .ok_or_else(|| anyhow::anyhow!("--policy needs a preset name or a policy file"))?
+                .clone(),
+        ),
+        None => None,
+    };
     let policy = policy_name
         .as_deref()
-        .map(|p| adaptalloc::policy::Policy::load(p).expect("the policy loads"));
+        .map(adaptalloc::policy::Policy::load)
+        .transpose()?;
     let traces = traces();
     let g = Granularity::default();
     let contenders = [
@@ -105,4 +113,5 @@ fn main() {
     for m in misses {
         println!("- {m}");
     }
+    Ok(())
 }
