@@ -109,11 +109,12 @@ impl Targets {
             .collect();
         format!(
             "- {label}: adaptive {:.0} ms in all ({:.0} ms on a second run with its tuning report's advice, kept on {} \
-             workloads; then over `pytorch` on {} of {}), `pytorch` {:.0} ms; adaptive's time is {}; adaptive failed {} \
+             workload{}; then over `pytorch` on {} of {}), `pytorch` {:.0} ms; adaptive's time is {}; adaptive failed {} \
              allocations where passthrough completed.",
             self.sums.0,
             self.advised.0,
             self.advised.1,
+            if self.advised.1 == 1 { "" } else { "s" },
             self.advised_over_pytorch.0,
             self.advised_over_pytorch.1,
             self.sums.1,
