@@ -12,22 +12,15 @@
 //! `cargo run --release --example steady_eval > tuning/reports/steady.md` (about 20 s here);
 //! `-- --policy FILE` evaluates another policy as adaptive's.
 
+#[path = "common/args.rs"]
+mod args;
 #[path = "common/steady.rs"]
 mod steady;
 #[path = "common/workloads.rs"]
 mod workloads;
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let policy = match args.iter().position(|a| a == "--policy") {
-        Some(i) => {
-            let p = args
-                .get(i + 1)
-                .ok_or_else(|| anyhow::anyhow!("--policy needs a preset name or a policy file"))?;
-            Some(adaptalloc::policy::Policy::load(p)?)
-        }
-        None => None,
-    };
+    let policy = args::policy_arg()?.map(|(_, p)| p);
     steady::print_tables(&workloads::traces(), policy, "##");
     Ok(())
 }

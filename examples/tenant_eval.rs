@@ -9,6 +9,8 @@
 //! `cargo run --release --example tenant_eval > tuning/reports/tenants.md` (about 5 s here);
 //! `-- --policy NAME|FILE` evaluates another policy as adaptive's (`multi-tenant`, say).
 
+#[path = "common/args.rs"]
+mod args;
 #[path = "common/workloads.rs"]
 mod workloads;
 
@@ -18,19 +20,7 @@ use adaptalloc_cli::compare::{Capacity, CompareOptions, Contender, TenantSpec, p
 use workloads::traces;
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let policy_name = match args.iter().position(|a| a == "--policy") {
-        Some(i) => Some(
-            args.get(i + 1)
-                .ok_or_else(|| anyhow::anyhow!("--policy needs a preset name or a policy file"))?
-                .clone(),
-        ),
-        None => None,
-    };
-    let policy = policy_name
-        .as_deref()
-        .map(adaptalloc::policy::Policy::load)
-        .transpose()?;
+    let (policy_name, policy) = args::policy_arg()?.unzip();
     let traces = traces();
     let g = Granularity::default();
     let contenders = [

@@ -250,7 +250,7 @@ fn out_of_memory_fallback_hands_out_only_mapped_memory() {
 /// live blocks), and four 24 MiB activations per request are freed at its end. Once warm, the
 /// slabs serve both classes without a driver call. Both qualify for caching (one size, every
 /// request finds a freed block), but cached blocks beside the slab holes they leave would take
-/// idle memory over the idle bound, and the bound would strip them again: with the move, 48
+/// what is held past the cache bound, and the idle bound would strip them again: with the move, 48
 /// driver calls over the 600 warm requests. The classes stay in slabs and the warm loop makes
 /// none.
 #[test]

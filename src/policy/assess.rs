@@ -156,7 +156,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         spare,
         strand_budget,
         on_free_idle,
-        cache_bound: s.footprint_peak + (spare_at_peak(s, lim, false) as f64 * lim.spare_share) as u64,
+        cache_bound: s.footprint_peak + kept_of(spare_at_peak(s, lim, false), lim),
         idle_target,
         reason,
         unmap_pages,
@@ -210,7 +210,7 @@ fn spare_at_peak(s: &Sample, lim: &Limits, cycle_seen: bool) -> u64 {
 fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<u64>) -> IdleBound {
     let clear = budget.map_or(!tight, |b| s.stranded <= b / STRAND_CLEAR_DIVISOR);
     // Of the memory expected free at the peak: what idle memory may take, and what is left.
-    let kept = (spare as f64 * lim.spare_share) as u64;
+    let kept = kept_of(spare, lim);
     let hold = if !clear || lim.spare_share <= 0.0 {
         0
     } else {
@@ -235,6 +235,12 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
         reason: if capped { OVER_SHARE } else { reason },
         capped,
     }
+}
+
+/// The part of `spare` (memory expected free at the workload's peak) that idle memory may take:
+/// `bounds.spare_share` of it.
+fn kept_of(spare: u64, lim: &Limits) -> u64 {
+    (spare as f64 * lim.spare_share) as u64
 }
 
 /// What [`idle_bound`] decides.

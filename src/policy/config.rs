@@ -110,7 +110,9 @@ pub struct RoutingPolicy {
     pub cache_min_reuse: f64,
     /// ... and whose blocks are at most this many live at once: then a cache needs that many
     /// driver allocations in all, fewer than slabs would. A class the slabs serve without
-    /// driver calls stays there.
+    /// driver calls stays there where its cached blocks would take what is held past the
+    /// workload's peak (with a margin, see `bounds.peak_growth`) plus `bounds.spare_share` of
+    /// the memory beyond it.
     pub cache_max_live_blocks: u64,
     /// Operations between routing decisions.
     pub interval_ops: u64,
