@@ -162,3 +162,58 @@ fn a_wait_until_a_checkpoint_leaves_later_work_running_on_a_gpu() {
     );
     dev.free(buf).expect("free");
 }
+
+/// cuMemUnmap is not stream-ordered: memory freed while a stream's queued work still writes it
+/// must not be unmapped before that work is done, or the work faults (an illegal address, which
+/// poisons the context). Frees a 1 GiB block with 100 GiB of memsets queued into it, releases
+/// every idle byte at once, then checks that pages were unmapped and the stream ended cleanly.
+/// scripts/gpu-check.sh runs it in a process of its own (a fault would end every later test).
+#[test]
+fn release_after_a_free_with_queued_work_does_not_fault_on_a_gpu() {
+    use cudarc::driver::sys;
+    let Some(dev) = device() else { return };
+    if dev.vmm().is_none() {
+        skip("this GPU or driver has no virtual memory management");
+        return;
+    }
+    let ctx = cudarc::driver::CudaContext::new(0).expect("a context on device 0");
+    let stream = ctx.new_stream().expect("a stream");
+    let id = adaptalloc::cudarc_ext::stream_id(&stream);
+    let dev: Arc<dyn Device> = Arc::new(dev);
+    let alloc = Allocator::adaptive(dev.clone());
+    let bytes = 1usize << 30;
+    let buf = alloc.allocate_raw(bytes as u64, id).expect("1 GiB");
+    let start = std::time::Instant::now();
+    for _ in 0..100 {
+        // SAFETY: `buf` is a live 1 GiB block of this device; the stream is live.
+        let r = unsafe { sys::cuMemsetD8Async(buf, 1, bytes, stream.cu_stream()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    }
+    let before = dev.stats().ops;
+    alloc.deallocate(buf, id).expect("free");
+    let released = alloc.release_idle();
+    let released_after = start.elapsed();
+    let ops = dev.stats().ops.since(&before);
+    // SAFETY: a live stream of the current context (cudarc made it current).
+    let queued = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
+    let done = stream.synchronize();
+    println!(
+        "released {released} bytes after {released_after:?} ({} unmaps, {} synchronizations); stream at release: {queued:?}, then {done:?}",
+        ops.unmap.calls, ops.unmap_sync.calls
+    );
+    assert!(
+        released >= bytes as u64,
+        "the freed block's memory went back: {released}"
+    );
+    assert!(ops.unmap.calls > 0, "the block's pages were unmapped");
+    done.expect("the queued memsets ended without a fault");
+    assert!(
+        ops.unmap_sync.calls + ops.stream_sync.calls > 0,
+        "the release waited before unmapping"
+    );
+    assert_eq!(
+        queued,
+        sys::CUresult::CUDA_SUCCESS,
+        "the release waited for the queued work"
+    );
+}

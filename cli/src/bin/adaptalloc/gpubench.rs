@@ -290,12 +290,27 @@ fn results_row(trace: &Trace, name: &str, target: &dyn ReplayTarget, repeat: u32
     ns.sort_unstable();
     let q = |f: f64| quantile(&ns, f);
     let mean = ns.iter().sum::<u64>() as f64 / ns.len().max(1) as f64;
+    // Every kind of driver call made, with its measured time: what a cost model must price.
+    let mut kinds: Vec<(&str, u64, u64)> = m
+        .driver_ops
+        .kinds()
+        .iter()
+        .filter(|(_, t)| t.calls > 0)
+        .map(|&(k, t)| (k, t.calls, t.ns))
+        .collect();
+    kinds.sort_by_key(|&(_, _, ns)| std::cmp::Reverse(ns));
+    let by_kind: Vec<String> = kinds
+        .iter()
+        .map(|(k, calls, ns)| format!("{k} {calls} ({:.1})", *ns as f64 / 1e6))
+        .collect();
     format!(
-        "| {} | {name} | {} | {} | {:.1} | {:.0} | {} | {} | {:.3} |\n",
+        "| {} | {name} | {} | {} | {:.1} | {:.1} | {} | {:.0} | {} | {} | {:.3} |\n",
         trace.name,
         m.failed_allocs,
         m.driver_calls,
+        m.modeled_driver_ns as f64 / 1e6,
         m.wall_ns as f64 / 1e6,
+        by_kind.join(", "),
         mean,
         q(0.5),
         q(0.99),
@@ -322,19 +337,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let total = cuda.mem_info()?.total;
     let mut md = format!(
         "# gpu-bench on {name} ({} total)\n\nEvery strategy and CUDA's stream-ordered pool (cuMemAllocAsync on the default \
-         pool, release threshold at its maximum) replaying each trace through the real driver. Wall time includes \
-         driver calls; per-event times are host-side (the pool's frees complete on the stream). Driver calls for \
-         cuda-pool are its async calls.\n\n\
-         | trace | allocator | failed | driver calls | wall ms | mean ns/event | p50 ns | p99 ns | peak reserved / live |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+         pool, release threshold at its maximum) replaying each trace through the real driver. Driver ms is the \
+         time measured inside driver calls, by kind in the next column (calls, ms); wall time includes it and \
+         the allocator's own work; per-event times are host-side (the pool's frees complete on the stream). \
+         Driver calls for cuda-pool are its async calls.\n\n\
+         | trace | allocator | failed | driver calls | driver ms | wall ms | by kind: calls (ms) | mean ns/event | p50 ns | p99 ns | peak reserved / live |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
         ByteSize(total)
     );
+    if let Some(dir) = args.results.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    }
+    // Written after every trace, so that a run stopped part way keeps the rows it finished.
+    let write = |md: &str| {
+        std::fs::write(&args.results, md).with_context(|| format!("{}: cannot write", args.results.display()))
+    };
     for trace in &traces {
         let free = cuda.mem_info()?.free;
         if trace.peak_live_bytes() > free / 10 * 9 {
             let _ = writeln!(
                 md,
-                "| {} | skipped: peak live {} > 90% of {} free | | | | | | | |",
+                "| {} | skipped: peak live {} > 90% of {} free | | | | | | | | | |",
                 trace.name,
                 ByteSize(trace.peak_live_bytes()),
                 ByteSize(free)
@@ -348,12 +371,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let pool = adaptalloc_cli::peers::CudaPoolTarget::new(cuda.clone())?;
         md += &results_row(trace, "cuda-pool", &pool, args.repeat);
         drop(pool);
+        write(&md)?;
         eprintln!("replayed {}", trace.name);
     }
-    if let Some(dir) = args.results.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
-    }
-    std::fs::write(&args.results, &md).with_context(|| format!("{}: cannot write", args.results.display()))?;
+    write(&md)?;
     print!("{md}");
     Ok(())
 }
