@@ -103,11 +103,11 @@ impl VirtualMemory for SimDevice {
             return Err(DeviceError::UnknownPointer { ptr });
         }
         // A retained handle per handle (cuMemRetainAllocationHandle: no price of its own), each
-        // mapped, and one access grant for the run.
+        // mapped, and one access grant for the run, priced by the handles it covers.
         let n = handles.count() as u64;
         self.admit(&mut s, bytes, 0)?;
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
-        s.stats.ops.set_access.charge(1, self.cost.vmm.set_access_ns);
+        s.stats.ops.set_access.charge(1, n * self.cost.vmm.set_access_ns);
         for o in pages {
             let phys = s.mapped_pages[&(src + o)];
             *s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page") += 1;
@@ -165,7 +165,7 @@ impl VirtualMemory for SimDevice {
         s.reservations.get_mut(&dst_base).expect("found above").1 += bytes;
         let n = starts.len() as u64;
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
-        s.stats.ops.set_access.charge(1, self.cost.vmm.set_access_ns);
+        s.stats.ops.set_access.charge(1, n * self.cost.vmm.set_access_ns);
         s.stats.ops.unmap.charge(n, self.cost.vmm.unmap_ns);
         Ok(())
     }
@@ -208,7 +208,9 @@ impl SimDevice {
         let n = bytes / handle;
         s.stats.ops.create.charge(n - 1, self.cost.vmm.create_ns.ns(handle));
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
-        s.stats.ops.set_access.charge(1, self.cost.vmm.set_access_ns);
+        // One cuMemSetAccess for the run, whose time grows with the handles it covers (on an
+        // H200, 25 calls over 3,600 pages took 127.8 ms: tuning/reports/gpu-nvidia-h200.md).
+        s.stats.ops.set_access.charge(1, n * self.cost.vmm.set_access_ns);
         for p in (ptr..ptr + bytes).step_by(page as usize) {
             s.mapped_pages.insert(p, p);
             s.phys_refs.insert(p, 1);

@@ -222,9 +222,10 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
         .collect();
     Ok(format!(
         "# Virtual memory: each call timed on handles of every size below (ns; the median is the\n\
-         # price, the mean's 95% confidence interval says how sure it is). map, set access, unmap and\n\
-         # release are priced from the {ps} handles; cuMemCreate by handle size. cuCtxSynchronize on\n\
-         # the idle device took {sync} ns; unmap_sync_ns keeps the default's, as free_sync_ns.\n\
+         # price, the mean's 95% confidence interval says how sure it is). map, set access (charged per\n\
+         # handle a call covers), unmap and release are priced from the {ps} handles; cuMemCreate by\n\
+         # handle size. cuCtxSynchronize on the idle device took {sync} ns; unmap_sync_ns keeps the\n\
+         # default's, as free_sync_ns.\n\
          {table}{notes}\
          [vmm]\nreserve_ns = {reserve}\nunreserve_ns = {unreserve}\n\
          create_ns = {{ points = [{points}] }}\n\
