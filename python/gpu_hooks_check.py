@@ -138,7 +138,9 @@ def main():
     for name in names:
         code = CASES[name]
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-        text = (out.stdout + out.stderr).strip().splitlines()
+        # What the case printed last; on a failure, the end of its error (torch's warnings go to
+        # stderr and would hide a passing case's own line).
+        text = (out.stdout if out.returncode == 0 else out.stdout + out.stderr).strip().splitlines()
         print("%-26s %s" % (name, "ok" if out.returncode == 0 else "FAILED"), "|", text[-1] if text else "")
         failed += out.returncode != 0
     sys.exit(1 if failed else 0)
