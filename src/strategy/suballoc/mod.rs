@@ -345,14 +345,14 @@ impl Suballoc {
         n.list != USED && self.list_stream[n.list as usize].is_none_or(|s| s == stream)
     }
 
-    /// The head node of every slab in use.
-    fn slabs_heads(&self) -> Vec<u32> {
+    /// The head node of every slab in use, in index order; lazily, with no allocation (the
+    /// scans that walk it only read).
+    fn slabs_heads(&self) -> impl Iterator<Item = u32> + '_ {
         self.nodes
             .iter_all()
             .enumerate()
             .filter(|(_, n)| n.slab != NIL && n.phys_prev == NIL)
             .map(|(i, _)| i as u32)
-            .collect()
     }
 
     /// Sets how fast new slabs grow with what is reserved (see [`SuballocConfig::growth`]).
