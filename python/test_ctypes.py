@@ -144,7 +144,11 @@ def child(mode):
                 ok = True
                 if i % 2 == 0:  # half call adaptalloc, half only exit (running the atexit hook)
                     p = lib.adaptalloc_malloc(4096, 0, None)
-                    ok = bool(p)
+                    s = Stats()
+                    lib.adaptalloc_stats(0, ctypes.byref(s))
+                    # Its own allocator: the parent's live block (above) is not in it. The
+                    # process id is cached; the fork handler renews it in the child.
+                    ok = bool(p) and s.live_blocks == 1
                     lib.adaptalloc_free(p, 4096, 0, None)
                 libc.exit(0 if ok else 3)
             children.append(pid)
