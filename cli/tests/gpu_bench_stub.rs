@@ -59,3 +59,55 @@ fn gpu_bench_runs_on_a_stub_libcuda() {
     assert!(table.contains("skipped"), "{table}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `scripts/gpu-run.sh` (the GPU checks from prebuilt binaries) end to end on the stub, with a
+/// stand-in nvidia-smi: every step runs or is reported as not run, the calibrated cost model and
+/// the results table land in OUT, and a step that fails (here the CUDA tests, whose binary is
+/// not staged) is reported with its exit status without stopping the rest.
+#[test]
+fn gpu_run_script_runs_on_a_stub_libcuda() {
+    let Some(dir) = stub_or_skip("run") else {
+        return;
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let staged = dir.join("staged");
+    let bin = staged.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_adaptalloc"), bin.join("adaptalloc")).unwrap();
+    let tools = dir.join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let smi = tools.join("nvidia-smi");
+    std::fs::write(&smi, "#!/bin/sh\necho 'adaptalloc stub GPU, 256 MiB'\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = dir.join("out");
+    let path = format!("{}:{}", tools.display(), std::env::var("PATH").unwrap_or_default());
+    let mut cmd = Command::new("bash");
+    cmd.arg(root.join("scripts/gpu-run.sh"))
+        .arg(&staged)
+        .arg(&out)
+        .arg("120")
+        .current_dir(&root)
+        .env("PATH", path)
+        // No torch here: the script says so and skips the PyTorch steps.
+        .env("PYTHONPATH", dir.join("no-such-site"));
+    let (ok, text) = run_on_stub(&mut cmd, &dir, 256 << 20);
+    assert!(ok, "gpu-run.sh failed:\n{text}");
+    let log = std::fs::read_to_string(out.join("log.txt")).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with("gpu-bench calibrate+bundled") && l.contains("rc=0")),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.starts_with("cuda tests") && !l.contains("rc=0")),
+        "the missing test binary is reported: {log}"
+    );
+    let model = out.join("adaptalloc-stub-gpu-256-mib.toml");
+    adaptalloc::device::CostModel::from_file(&model).unwrap_or_else(|e| panic!("{e}\n{log}"));
+    let table = std::fs::read_to_string(out.join("gpu-bench.md")).unwrap();
+    assert!(table.contains("| small-churn | adaptive | 0 |"), "{table}");
+    std::fs::remove_dir_all(&dir).ok();
+}
