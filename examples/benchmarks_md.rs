@@ -241,7 +241,7 @@ fn main() {
          pytorch-expandable wherever either completes), a warm-up within 1.5x pytorch's; each miss below \
          its table, with the driver calls that make it.\n"
     );
-    steady::print_tables(&traces, None, "###");
+    steady::print_tables(&traces, None, &steady::default_models(), "###");
     println!("## Sweep: the smallest device on which each strategy completes each trace (x peak live)\n");
     print_header(&["trace", "peak live"], &[]);
     let opts = CompareOptions::default();

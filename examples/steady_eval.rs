@@ -10,7 +10,8 @@
 //! `tuning/reports/steady.md`:
 //!
 //! `cargo run --release --example steady_eval > tuning/reports/steady.md` (about 20 s here);
-//! `-- --policy FILE` evaluates another policy as adaptive's.
+//! `-- --policy FILE` evaluates another policy as adaptive's; `-- --cost-model FILE` prices with
+//! that model alone (`tuning/reports/steady-nvidia-h200.md`: the prices measured on an H200).
 
 #[path = "common/args.rs"]
 mod args;
@@ -21,6 +22,10 @@ mod workloads;
 
 fn main() -> anyhow::Result<()> {
     let policy = args::policy_arg()?.map(|(_, p)| p);
-    steady::print_tables(&workloads::traces(), policy, "##");
+    let models = match args::cost_model_arg()? {
+        Some(model) => vec![model],
+        None => steady::default_models(),
+    };
+    steady::print_tables(&workloads::traces(), policy, &models, "##");
     Ok(())
 }

@@ -76,20 +76,24 @@ fn cause(a: &StrategyResult, five: &StrategyResult, steady: bool) -> String {
     format!("{}: {}", if steady { "a pass" } else { "warm-up" }, parts.join(", "))
 }
 
-/// Prints a table per cost model (default, `vmm-fast.toml`) and capacity (1.1x passthrough's
+/// Issue 24's two price lists: the default model and `tuning/cost-models/vmm-fast.toml`.
+pub fn default_models() -> Vec<(String, CostModel)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    vec![
+        ("default".into(), CostModel::default()),
+        (
+            "vmm-fast".into(),
+            CostModel::from_file(&root.join("tuning/cost-models/vmm-fast.toml")).expect("parses"),
+        ),
+    ]
+}
+
+/// Prints a table per cost model in `models` (name, model) and capacity (1.1x passthrough's
 /// minimum, 1.5x, 2x and 4x peak live) over `traces`, each under a heading of level `h` (`##`),
 /// with `policy` (the default where None) as adaptive's: failed allocations, warm-up and steady
 /// state a pass in ms, the sums, and every miss of issue 24's targets with its cause.
-pub fn print_tables(traces: &[Trace], policy: Option<Policy>, h: &str) {
+pub fn print_tables(traces: &[Trace], policy: Option<Policy>, models: &[(String, CostModel)], h: &str) {
     let g = Granularity::default();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let models = [
-        ("default", CostModel::default()),
-        (
-            "vmm-fast",
-            CostModel::from_file(&root.join("tuning/cost-models/vmm-fast.toml")).expect("parses"),
-        ),
-    ];
     let factor = move |t: &Trace, f: f64| Capacity::Factor(f).bytes_for(t.peak_live_bytes(), g.large_granule);
     type Cap = Box<dyn Fn(&Trace) -> u64>;
     let caps: Vec<(&str, Cap)> = vec![
@@ -106,7 +110,7 @@ pub fn print_tables(traces: &[Trace], policy: Option<Policy>, h: &str) {
         Contender::PytorchExpandable,
         Contender::CudaAsyncRetain,
     ];
-    for (model_name, model) in &models {
+    for (model_name, model) in models {
         let opts = CompareOptions {
             cost_model: model.clone(),
             repeat: 10,
