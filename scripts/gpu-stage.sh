@@ -9,7 +9,8 @@
 #   scripts/gpu-stage.sh DIR [--traces]          (here)
 #   scripts/gpu-run.sh DIR [OUT] [SECONDS]       (there)
 #
-# DIR must be a folder git ignores (out/ is): traces are never committed.
+# DIR is relative to the repository root and must be a folder git ignores (out/ is): traces are
+# never committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:?usage: scripts/gpu-stage.sh DIR [--traces]}
