@@ -1,4 +1,4 @@
-"""On a GPU: PyTorch's hooks under adaptalloc, end to end (scripts/gpu-check.sh runs it; it
+"""On a GPU: PyTorch's hooks under adaptalloc, end to end (scripts/gpu-run.sh runs it; it
 needs the package installed: pip install ./python). Each case runs in a child process, since
 PyTorch swaps its allocator once per process. Prints one line per case; exits non-zero when any
 case failed.
@@ -8,10 +8,12 @@ case failed.
 import subprocess
 import sys
 
-# One trial of record_stream: a 64 MiB block used on a busy side stream, recorded there, freed,
-# and the same size asked for at once. Sets busy (the side stream's work was running at the
-# free), reused (the new block is the freed one) and done (the side stream's work had ended).
-RECORD_TRIAL = r"""
+CASES = {
+    # A block recorded on a busy side stream is not reused while that stream's work runs: a 64 MiB
+    # block used on the side stream, recorded there, freed, and the same size asked for at once.
+    "record_stream": r"""
+import torch, adaptalloc, adaptalloc.torch as at
+at.install()
 side = torch.cuda.Stream()
 # Load the kernels first: a kernel's first launch can wait for the device (lazy module loading),
 # which would finish the side stream's work before the reuse is tried and prove nothing.
@@ -31,18 +33,11 @@ del x
 y = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
 reused, done = y.data_ptr() == ptr, side.query()
 torch.cuda.synchronize()
-"""
-
-CASES = {
-    # A block recorded on a busy side stream is not reused while that stream's work runs.
-    "record_stream": r"""
-import torch, adaptalloc, adaptalloc.torch as at
-at.install()
-""" + RECORD_TRIAL + r"""
 assert busy, "the side stream's work was done before the free: the check proves nothing"
 assert not (reused and not done), "a block recorded on a busy side stream was reused while its work ran"
 print("record_stream ok: %s" % ("the block waited" if not reused else "reused after the side stream's work"))
-""",  "graph": r"""
+""",
+    "graph": r"""
 import torch, adaptalloc, adaptalloc.torch as at
 at.install()
 model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()

@@ -40,18 +40,20 @@ fn mapping_pages_charges_a_create_and_a_map_per_page_and_one_access_grant_priced
     );
 }
 
-/// The same 6 MiB as one handle: one create, one map, and one handle's access grant.
+/// 6 MiB mapped as three 2 MiB handles and as one 6 MiB handle: a create and a map per handle,
+/// and one access grant for the run at the price of the handles it covers.
 #[test]
-fn one_larger_handle_is_one_handle_s_access_grant() {
-    let dev = device(GIB);
+fn an_access_grant_costs_by_the_handles_it_covers() {
     let m = CostModel::default();
-    let vmm = dev.vmm().unwrap();
-    let base = vmm.reserve(8 * MIB).unwrap();
-    vmm.map_handles(base, 6 * MIB, 6 * MIB).unwrap();
-    let s = dev.stats();
-    assert_eq!((s.ops.create.calls, s.ops.map.calls, s.ops.set_access.calls), (1, 1, 1));
-    assert_eq!(s.ops.create.ns, m.vmm.create_ns.ns(6 * MIB));
-    assert_eq!(s.ops.set_access.ns, m.vmm.set_access_ns);
+    for handle in [2 * MIB, 6 * MIB] {
+        let dev = device(GIB);
+        let vmm = dev.vmm().unwrap();
+        vmm.map_handles(vmm.reserve(8 * MIB).unwrap(), 6 * MIB, handle).unwrap();
+        let (n, ops) = (6 * MIB / handle, dev.stats().ops);
+        assert_eq!((ops.create.calls, ops.map.calls, ops.set_access.calls), (n, n, 1));
+        assert_eq!(ops.create.ns, n * m.vmm.create_ns.ns(handle));
+        assert_eq!(ops.set_access.ns, n * m.vmm.set_access_ns, "{handle} bytes a handle");
+    }
 }
 
 #[test]

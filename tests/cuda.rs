@@ -134,13 +134,8 @@ fn a_wait_until_a_checkpoint_leaves_later_work_running_on_a_gpu() {
     let id = adaptalloc::cudarc_ext::stream_id(&stream);
     let bytes = 1usize << 30;
     let buf = dev.allocate(bytes as u64).expect("1 GiB");
-    let memsets = |n: usize| {
-        for _ in 0..n {
-            // SAFETY: `buf` is a live 1 GiB allocation of this context; the stream is live.
-            let r = unsafe { sys::cuMemsetD8Async(buf, 0, bytes, stream.cu_stream()) };
-            assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
-        }
-    };
+    // SAFETY: `buf` is a live 1 GiB allocation of this context until the end of the test.
+    let memsets = |n: usize| unsafe { queue_memsets(&stream, buf, bytes, n) };
     let start = std::time::Instant::now();
     memsets(20);
     dev.stream_checkpoint(id, 1);
@@ -167,7 +162,7 @@ fn a_wait_until_a_checkpoint_leaves_later_work_running_on_a_gpu() {
 /// must not be unmapped before that work is done, or the work faults (an illegal address, which
 /// poisons the context). Frees a 1 GiB block with 100 GiB of memsets queued into it, releases
 /// every idle byte at once, then checks that pages were unmapped and the stream ended cleanly.
-/// scripts/gpu-check.sh runs it in a process of its own (a fault would end every later test).
+/// scripts/gpu-run.sh runs it in a process of its own (a fault would end every later test).
 #[test]
 fn release_after_a_free_with_queued_work_does_not_fault_on_a_gpu() {
     use cudarc::driver::sys;
@@ -184,11 +179,8 @@ fn release_after_a_free_with_queued_work_does_not_fault_on_a_gpu() {
     let bytes = 1usize << 30;
     let buf = alloc.allocate_raw(bytes as u64, id).expect("1 GiB");
     let start = std::time::Instant::now();
-    for _ in 0..100 {
-        // SAFETY: `buf` is a live 1 GiB block of this device; the stream is live.
-        let r = unsafe { sys::cuMemsetD8Async(buf, 1, bytes, stream.cu_stream()) };
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
-    }
+    // SAFETY: `buf` is a live 1 GiB block of this device, freed only after the memsets are queued.
+    unsafe { queue_memsets(&stream, buf, bytes, 100) };
     let before = dev.stats().ops;
     alloc.deallocate(buf, id).expect("free");
     let released = alloc.release_idle();
@@ -216,4 +208,18 @@ fn release_after_a_free_with_queued_work_does_not_fault_on_a_gpu() {
         sys::CUresult::CUDA_SUCCESS,
         "the release waited for the queued work"
     );
+}
+
+/// Queues `n` memsets of `bytes` at `buf` on `stream`, each checked.
+///
+/// # Safety
+/// `buf..buf + bytes` must be device memory of the stream's context, live while the memsets are
+/// queued (a free afterwards is what the tests check the allocator orders).
+unsafe fn queue_memsets(stream: &cudarc::driver::CudaStream, buf: u64, bytes: usize, n: usize) {
+    use cudarc::driver::sys;
+    for _ in 0..n {
+        // SAFETY: the caller's contract; the stream is live (borrowed).
+        let r = unsafe { sys::cuMemsetD8Async(buf, 1, bytes, stream.cu_stream()) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    }
 }

@@ -128,7 +128,6 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         on_free: on_free_idle,
         target: mut idle_target,
         mut reason,
-        capped,
     } = idle_bound(s, lim, prior.tight, spare, strand_budget);
     // Under the headroom, or under pressure, idle memory goes back until free memory is at the
     // headroom again (or at the watermark, where that is higher), and no further: what the
@@ -141,7 +140,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     // Memory left to other processes is memory they can take: pages inside slabs in use count
     // (without them, gpu-medium-ctx128-infer and ctx256-infer at 1.5x peak live kept a co-tenant
     // of half the slack out).
-    let mut unmap_pages = capped;
+    let mut unmap_pages = reason == OVER_SHARE;
     if s.free < floor {
         let short = floor - s.free;
         if s.idle.saturating_sub(short) < idle_target {
@@ -233,7 +232,6 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
         on_free,
         target: if capped { room } else { target },
         reason: if capped { OVER_SHARE } else { reason },
-        capped,
     }
 }
 
@@ -249,9 +247,8 @@ struct IdleBound {
     on_free: u64,
     /// Idle memory to keep now, and why.
     target: u64,
+    /// Why: [`OVER_SHARE`] where the share cap ([`share_cap`]) set the target.
     reason: &'static str,
-    /// The share cap set the target ([`share_cap`]).
-    capped: bool,
 }
 
 /// The most the allocator holds with idle memory in it, where that bounds anything: all it

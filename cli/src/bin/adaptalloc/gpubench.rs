@@ -292,18 +292,7 @@ fn results_row(trace: &Trace, name: &str, target: &dyn ReplayTarget, repeat: u32
     let q = |f: f64| quantile(&ns, f);
     let mean = ns.iter().sum::<u64>() as f64 / ns.len().max(1) as f64;
     // Every kind of driver call made, with its measured time: what a cost model must price.
-    let mut kinds: Vec<(&str, u64, u64)> = m
-        .driver_ops
-        .kinds()
-        .iter()
-        .filter(|(_, t)| t.calls > 0)
-        .map(|&(k, t)| (k, t.calls, t.ns))
-        .collect();
-    kinds.sort_by_key(|&(_, _, ns)| std::cmp::Reverse(ns));
-    let by_kind: Vec<String> = kinds
-        .iter()
-        .map(|(k, calls, ns)| format!("{k} {calls} ({:.1})", *ns as f64 / 1e6))
-        .collect();
+    let kinds = adaptalloc::report::by_kind(&m.driver_ops);
     format!(
         "| {} | {name} | {} | {} | {:.1} | {:.1} | {} | {:.0} | {} | {} | {:.3} |\n",
         trace.name,
@@ -311,7 +300,7 @@ fn results_row(trace: &Trace, name: &str, target: &dyn ReplayTarget, repeat: u32
         m.driver_calls,
         m.modeled_driver_ns as f64 / 1e6,
         m.wall_ns as f64 / 1e6,
-        by_kind.join(", "),
+        adaptalloc::report::by_kind_line(&kinds, kinds.len()),
         mean,
         q(0.5),
         q(0.99),
@@ -339,10 +328,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut md = format!(
         "# gpu-bench on {name} ({} total)\n\nEvery strategy and CUDA's stream-ordered pool (cuMemAllocAsync on the default \
          pool, release threshold at its maximum) replaying each trace through the real driver. Driver ms is the \
-         time measured inside driver calls, by kind in the next column (calls, ms); wall time includes it and \
+         time measured inside driver calls, by kind in the next column (ms, calls); wall time includes it and \
          the allocator's own work; per-event times are host-side (the pool's frees complete on the stream). \
          Driver calls for cuda-pool are its async calls.\n\n\
-         | trace | allocator | failed | driver calls | driver ms | wall ms | by kind: calls (ms) | mean ns/event | p50 ns | p99 ns | peak reserved / live |\n\
+         | trace | allocator | failed | driver calls | driver ms | wall ms | by kind: ms (calls) | mean ns/event | p50 ns | p99 ns | peak reserved / live |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
         ByteSize(total)
     );
