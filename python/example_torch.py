@@ -1,13 +1,17 @@
 """Train a small Transformer with adaptalloc as PyTorch's CUDA allocator.
 
     cargo build --release -p adaptalloc-capi
-    ADAPTALLOC_REPORT=report.md python3 python/example_torch.py [--steps N] [--native]
+    ADAPTALLOC_REPORT=report.md python3 python/example_torch.py [--steps N] [--native] [--json]
 
 The allocator must be installed before PyTorch allocates any CUDA memory. Prints time per
 step, peak reserved and peak allocated; with ADAPTALLOC_REPORT set, adaptalloc writes its tuning
 report when the process exits. --native runs PyTorch's own caching allocator for comparison.
+--json prints one JSON line instead, with the host time a step took to queue its work and the
+driver allocations and frees made after the first tenth of the steps (python/gpu_step_ab.py
+compares the two allocators from these).
 """
 import argparse
+import json
 import os
 import time
 
@@ -38,6 +42,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--native", action="store_true", help="use PyTorch's own caching allocator")
+    ap.add_argument("--json", action="store_true", help="one JSON line of results")
     args = ap.parse_args()
     if not args.native:
         install()
@@ -47,8 +52,12 @@ def main():
     model = torch.nn.TransformerEncoder(layer, num_layers=6).to(dev)
     head = torch.nn.Linear(512, 1000).to(dev)
     opt = torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-4)
-    times = []
+    times, queued = [], []
+    warm_from = args.steps // 10
+    calls_at_warm = None
     for step in range(args.steps):
+        if step == warm_from:
+            calls_at_warm = driver_calls(args.native)
         # Varying batch shapes, as dynamic sequence lengths make them.
         batch, seq = 8 + (step % 4) * 8, 64 + (step % 7) * 32
         x = torch.randn(batch, seq, 512, device=dev)
@@ -59,23 +68,47 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        queued.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    warm = times[len(times) // 10:]
+    warm = times[warm_from:]
+    warm_calls = driver_calls(args.native) - (calls_at_warm or 0)
     name = "pytorch-native" if args.native else "adaptalloc"
-    # With a pluggable allocator PyTorch cannot see reserved memory; read adaptalloc's own stats.
     if args.native:
         reserved, allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
     else:
-        import ctypes
-        import sys
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from test_ctypes import Stats, load
-        s = Stats()
-        load().adaptalloc_stats(torch.cuda.current_device(), ctypes.byref(s))
+        s = adaptalloc_stats()
         reserved, allocated = s.peak_reserved_bytes, s.peak_live_bytes
-    print(f"{name}: {1e3 * sum(warm) / len(warm):.2f} ms/step over {len(warm)} steps, "
-          f"peak reserved {reserved / 2**20:.1f} MiB, peak allocated {allocated / 2**20:.1f} MiB")
+    ms, host_ms = 1e3 * sum(warm) / len(warm), 1e3 * sum(queued[warm_from:]) / len(warm)
+    if args.json:
+        print(json.dumps({"allocator": name, "steps": len(warm), "ms_per_step": ms, "host_ms_per_step": host_ms,
+                          "driver_calls_after_warmup": warm_calls, "peak_reserved_mib": reserved / 2**20,
+                          "peak_allocated_mib": allocated / 2**20}))
+        return
+    print(f"{name}: {ms:.2f} ms/step over {len(warm)} steps ({host_ms:.2f} ms to queue), "
+          f"peak reserved {reserved / 2**20:.1f} MiB, peak allocated {allocated / 2**20:.1f} MiB, "
+          f"{warm_calls} driver allocations and frees after step {warm_from}")
+
+
+def adaptalloc_stats():
+    """adaptalloc's own statistics (with a pluggable allocator PyTorch cannot see reserved memory)."""
+    import ctypes
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_ctypes import Stats, load
+    s = Stats()
+    load().adaptalloc_stats(torch.cuda.current_device(), ctypes.byref(s))
+    return s
+
+
+def driver_calls(native):
+    """Driver allocations and frees so far: PyTorch's segments (cudaMalloc / cudaFree), or
+    adaptalloc's driver_allocs + driver_frees."""
+    if native:
+        st = torch.cuda.memory_stats()
+        return st.get("segment.all.allocated", 0) + st.get("segment.all.freed", 0)
+    s = adaptalloc_stats()
+    return s.driver_allocs + s.driver_frees
 
 
 if __name__ == "__main__":

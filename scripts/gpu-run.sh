@@ -7,7 +7,8 @@
 #                        virtual-memory call on handles of 2 MiB to 1 GiB, the stream-ordered pool)
 #   gpu-bench.md         the bundled workloads replayed through the driver by every allocator
 #   gpu-bench-traces.md  the same for DIR/traces/*.csv, as far as the time allowed
-#   report.md            adaptalloc's tuning report after python/example_torch.py
+#   step-ab.md           the training loop under PyTorch's allocator and adaptalloc, in pairs
+#   report.md            adaptalloc's tuning report after its last training loop
 #
 #   scripts/gpu-run.sh DIR [OUT] [SECONDS]
 set -uo pipefail
@@ -54,9 +55,9 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     # example_torch.py loads the C ABI from target/release, as after a cargo build.
     mkdir -p target/release
     cp "$bin/libadaptalloc.so" target/release/libadaptalloc.so
-    step "torch example, native" 90 python3 python/example_torch.py --steps 300 --native
-    step "torch example, adaptalloc" 90 env ADAPTALLOC_REPORT="$out/report.md" \
-        python3 python/example_torch.py --steps 300
+    # The training loop under both allocators, alternating processes (python/gpu_step_ab.py).
+    step "torch training A/B" 300 env ADAPTALLOC_REPORT="$out/report.md" \
+        python3 python/gpu_step_ab.py --pairs 6 --steps 300 --out "$out/step-ab.md"
     pkg=$(mktemp -d)
     cp -r python/adaptalloc "$pkg/"
     cp "$bin/_native.abi3.so" "$pkg/adaptalloc/_native.abi3.so"

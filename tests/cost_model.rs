@@ -1,7 +1,8 @@
 //! SimDevice charges every driver operation at its price in the cost model, by kind: what
 //! `CudaDevice` would call for the same request.
 
-use adaptalloc::device::{CostModel, Device, PoolCall, SimDevice};
+use adaptalloc::device::{CostCurve, CostModel, Device, PoolCall, SimDevice};
+use adaptalloc::size::ByteSize;
 use adaptalloc::size::{GIB, MIB};
 
 fn device(capacity: u64) -> SimDevice {
@@ -21,7 +22,7 @@ fn mapping_pages_charges_a_create_and_a_map_per_page_and_one_access_grant_priced
     assert_eq!(s.ops.create.ns, 3 * m.vmm.create_ns.ns(2 * MIB));
     // One cuMemSetAccess for the run, its time that of the 3 handles it covers (an H200 took
     // 127.8 ms for 25 calls over 3,600 pages: tuning/reports/gpu-nvidia-h200.md).
-    assert_eq!(s.ops.set_access.ns, 3 * m.vmm.set_access_ns);
+    assert_eq!(s.ops.set_access.ns, 3 * m.vmm.set_access_ns.ns(2 * MIB));
     vmm.quiesce().unwrap();
     vmm.unmap(base, 6 * MIB).unwrap();
     vmm.unreserve(base).unwrap();
@@ -33,27 +34,50 @@ fn mapping_pages_charges_a_create_and_a_map_per_page_and_one_access_grant_priced
     assert_eq!(
         s.driver_ns,
         m.vmm.reserve_ns
-            + 3 * (m.vmm.create_ns.ns(2 * MIB) + m.vmm.map_ns + m.vmm.set_access_ns)
+            + 3 * (m.vmm.create_ns.ns(2 * MIB) + m.vmm.map_ns + m.vmm.set_access_ns.ns(2 * MIB))
             + m.vmm.unmap_sync_ns
-            + 3 * (m.vmm.unmap_ns + m.vmm.release_ns)
+            + 3 * (m.vmm.unmap_ns.ns(2 * MIB) + m.vmm.release_ns.ns(2 * MIB))
             + m.vmm.unreserve_ns
     );
 }
 
-/// 6 MiB mapped as three 2 MiB handles and as one 6 MiB handle: a create and a map per handle,
-/// and one access grant for the run at the price of the handles it covers.
+/// 6 MiB mapped as three 2 MiB handles and as one 6 MiB handle, then given back: a create and a
+/// map per handle, one access grant for the run at the price of the handles it covers, and an
+/// unmap and a release per handle, every per-handle price at its handle's size (curves as the
+/// H200's calibration gives them: giving back a large handle costs more).
 #[test]
-fn an_access_grant_costs_by_the_handles_it_covers() {
-    let m = CostModel::default();
+fn every_handle_price_follows_the_handle_size() {
+    let mut m = CostModel::default();
+    let curve = |small: u64, large: u64| CostCurve {
+        points: vec![(ByteSize(2 * MIB), small), (ByteSize(8 * MIB), large)],
+    };
+    (m.vmm.set_access_ns, m.vmm.unmap_ns, m.vmm.release_ns) = (curve(30, 60), curve(20, 40), curve(10, 90));
     for handle in [2 * MIB, 6 * MIB] {
-        let dev = device(GIB);
+        let dev = SimDevice::builder().capacity(GIB).cost_model(m.clone()).build();
         let vmm = dev.vmm().unwrap();
-        vmm.map_handles(vmm.reserve(8 * MIB).unwrap(), 6 * MIB, handle).unwrap();
+        let base = vmm.reserve(8 * MIB).unwrap();
+        vmm.map_handles(base, 6 * MIB, handle).unwrap();
         let (n, ops) = (6 * MIB / handle, dev.stats().ops);
         assert_eq!((ops.create.calls, ops.map.calls, ops.set_access.calls), (n, n, 1));
         assert_eq!(ops.create.ns, n * m.vmm.create_ns.ns(handle));
-        assert_eq!(ops.set_access.ns, n * m.vmm.set_access_ns, "{handle} bytes a handle");
+        assert_eq!(
+            ops.set_access.ns,
+            n * m.vmm.set_access_ns.ns(handle),
+            "{handle} bytes a handle"
+        );
+        vmm.quiesce().unwrap();
+        vmm.unmap(base, 6 * MIB).unwrap();
+        let ops = dev.stats().ops;
+        assert_eq!((ops.unmap.calls, ops.release.calls), (n, n));
+        assert_eq!(ops.unmap.ns, n * m.vmm.unmap_ns.ns(handle), "{handle} bytes a handle");
+        assert_eq!(
+            ops.release.ns,
+            n * m.vmm.release_ns.ns(handle),
+            "{handle} bytes a handle"
+        );
     }
+    // The prices differ by size, so the two shapes were priced apart.
+    assert_ne!(m.vmm.release_ns.ns(6 * MIB), 3 * m.vmm.release_ns.ns(2 * MIB));
 }
 
 #[test]

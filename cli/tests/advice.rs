@@ -50,7 +50,7 @@ fn the_backing_advice_follows_the_prices() {
         );
     }
     let mut linear = CostModel::from_file(&vmm_fast).unwrap();
-    linear.vmm.set_access_ns = 0;
+    linear.vmm.set_access_ns = CostCurve::flat(0);
     linear.vmm.create_ns = CostCurve {
         points: vec![(ByteSize(2 * MIB), 7_600), (ByteSize(GIB), 7_600 * 512)],
     };

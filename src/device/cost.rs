@@ -140,17 +140,21 @@ pub struct VmmCosts {
     /// cuMemMap of one handle.
     #[serde(deserialize_with = "price")]
     pub map_ns: u64,
-    /// cuMemSetAccess, one device, for each handle the call covers: one call grants a whole
-    /// mapped run, and its time grows with the handles in it (measured on an H200: 35 us a
-    /// 2 MiB page over runs of about 144 pages, 52 us for one 1 GiB handle).
-    #[serde(deserialize_with = "price")]
-    pub set_access_ns: u64,
-    /// cuMemUnmap of one mapping (host-synchronous).
-    #[serde(deserialize_with = "price")]
-    pub unmap_ns: u64,
-    /// cuMemRelease of one handle reference.
-    #[serde(deserialize_with = "price")]
-    pub release_ns: u64,
+    /// cuMemSetAccess, one device, for each handle the call covers, by handle size (a number:
+    /// the same for every size): one call grants a whole mapped run, and its time grows with
+    /// the handles in it (measured on an H200: 35 us a 2 MiB page over runs of about 144 pages;
+    /// one handle alone 33 us at 2 MiB, 90 us at 1 GiB).
+    #[serde(deserialize_with = "flat_or_curve")]
+    pub set_access_ns: CostCurve,
+    /// cuMemUnmap of one mapping (host-synchronous), by handle size (a number: the same for
+    /// every size).
+    #[serde(deserialize_with = "flat_or_curve")]
+    pub unmap_ns: CostCurve,
+    /// cuMemRelease of one handle, by handle size (a number: the same for every size): where
+    /// the last reference goes, the memory goes back to the driver, and that grows with the
+    /// handle (H200, after unmapping: 14 us at 2 MiB, 83 us at 128 MiB, 573 us at 1 GiB).
+    #[serde(deserialize_with = "flat_or_curve")]
+    pub release_ns: CostCurve,
     /// The synchronization (cuCtxSynchronize) before a batch of unmaps: unmapping is not
     /// stream-ordered, so queued work must finish first.
     #[serde(deserialize_with = "price")]
@@ -215,9 +219,9 @@ impl CostModel {
                 unreserve_ns: 0,
                 create_ns: CostCurve::flat(0),
                 map_ns: 0,
-                set_access_ns: 0,
-                unmap_ns: 0,
-                release_ns: 0,
+                set_access_ns: CostCurve::flat(0),
+                unmap_ns: CostCurve::flat(0),
+                release_ns: CostCurve::flat(0),
                 unmap_sync_ns: 0,
             },
         }
@@ -229,6 +233,9 @@ impl CostModel {
         model.alloc.validate(file, "alloc.points")?;
         model.free.validate(file, "free.points")?;
         model.vmm.create_ns.validate(file, "vmm.create_ns")?;
+        model.vmm.set_access_ns.validate(file, "vmm.set_access_ns")?;
+        model.vmm.unmap_ns.validate(file, "vmm.unmap_ns")?;
+        model.vmm.release_ns.validate(file, "vmm.release_ns")?;
         Ok(model)
     }
 
@@ -275,26 +282,40 @@ mod tests {
     /// Everything after `alloc` in a minimal model.
     const REST: &str = "free = { points = [[1, 1]] }\nfree_sync_ns = 0\nmem_info_ns = 0\nstream_sync_ns = 0\nasync_alloc_ns = 0\nasync_free_ns = 0\n[vmm]\nreserve_ns = 0\nunreserve_ns = 0\ncreate_ns = 5\nmap_ns = 1\nset_access_ns = 0\nunmap_ns = 0\nrelease_ns = 0\nunmap_sync_ns = 0\n";
 
+    /// Every per-handle price (create, access grant, unmap, release) is a number or a curve by
+    /// handle size, and an unsorted curve is refused naming its key.
     #[test]
-    fn create_price_is_a_number_or_a_curve_by_handle_size() {
+    fn handle_prices_are_a_number_or_a_curve_by_handle_size() {
         let m = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{REST}"), "x.toml").unwrap();
         assert_eq!(m.vmm.create_ns.ns(2 * MIB), 5);
-        assert_eq!(m.vmm.set_access_ns, 0);
-        let curve = REST.replace(
-            "create_ns = 5",
-            "create_ns = { points = [[\"2MiB\", 10], [\"32MiB\", 50]] }",
-        );
-        let m = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{curve}"), "x.toml").unwrap();
-        assert_eq!(m.vmm.create_ns.ns(2 * MIB), 10);
-        assert_eq!(m.vmm.create_ns.ns(8 * MIB), 30);
-        let unsorted = REST.replace(
-            "create_ns = 5",
-            "create_ns = { points = [[\"4MiB\", 10], [\"2MiB\", 50]] }",
-        );
-        let err = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{unsorted}"), "x.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("vmm.create_ns") && err.contains("increasing"), "{err}");
+        assert_eq!(m.vmm.set_access_ns.ns(2 * MIB), 0);
+        type Price = fn(&VmmCosts) -> &CostCurve;
+        let keys: [(&str, &str, Price); 4] = [
+            ("create_ns", "create_ns = 5", |v| &v.create_ns),
+            ("set_access_ns", "set_access_ns = 0", |v| &v.set_access_ns),
+            ("unmap_ns", "unmap_ns = 0", |v| &v.unmap_ns),
+            ("release_ns", "release_ns = 0", |v| &v.release_ns),
+        ];
+        for (key, line, get) in keys {
+            let curve = REST.replace(
+                line,
+                &format!("{key} = {{ points = [[\"2MiB\", 10], [\"32MiB\", 50]] }}"),
+            );
+            let m = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{curve}"), "x.toml").unwrap();
+            assert_eq!(get(&m.vmm).ns(2 * MIB), 10, "{key}");
+            assert_eq!(get(&m.vmm).ns(8 * MIB), 30, "{key}");
+            let unsorted = REST.replace(
+                line,
+                &format!("{key} = {{ points = [[\"4MiB\", 10], [\"2MiB\", 50]] }}"),
+            );
+            let err = CostModel::from_toml_str(&format!("alloc = {{ points = [[1, 1]] }}\n{unsorted}"), "x.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("vmm.{key}")) && err.contains("increasing"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -20,6 +20,14 @@ impl OpTally {
         self.ns += calls * ns;
     }
 
+    /// Counts `calls` calls that took `total_ns` in all (calls priced apart, e.g. by handle
+    /// size). Cost: two adds.
+    #[inline]
+    pub fn charge_total(&mut self, calls: u64, total_ns: u64) {
+        self.calls += calls;
+        self.ns += total_ns;
+    }
+
     /// The mean price of a call seen so far, ns; None before the first.
     pub fn mean_ns(&self) -> Option<u64> {
         self.ns.checked_div(self.calls)

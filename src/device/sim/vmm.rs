@@ -104,10 +104,12 @@ impl VirtualMemory for SimDevice {
         }
         // A retained handle per handle (cuMemRetainAllocationHandle: no price of its own), each
         // mapped, and one access grant for the run, priced by the handles it covers.
-        let n = handles.count() as u64;
+        let (n, access): (u64, u64) = handles.fold((0, 0), |(n, ns), (_, &len)| {
+            (n + 1, ns + self.cost.vmm.set_access_ns.ns(len))
+        });
         self.admit(&mut s, bytes, 0)?;
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
-        s.stats.ops.set_access.charge(1, n * self.cost.vmm.set_access_ns);
+        s.stats.ops.set_access.charge(1, access);
         for o in pages {
             let phys = s.mapped_pages[&(src + o)];
             *s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page") += 1;
@@ -164,9 +166,14 @@ impl VirtualMemory for SimDevice {
         s.reservations.get_mut(&src_base).expect("found above").1 -= bytes;
         s.reservations.get_mut(&dst_base).expect("found above").1 += bytes;
         let n = starts.len() as u64;
-        s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
-        s.stats.ops.set_access.charge(1, n * self.cost.vmm.set_access_ns);
-        s.stats.ops.unmap.charge(n, self.cost.vmm.unmap_ns);
+        let v = &self.cost.vmm;
+        s.stats.ops.map.charge(n, v.map_ns);
+        s.stats
+            .ops
+            .set_access
+            .charge(1, starts.iter().map(|&(_, len)| v.set_access_ns.ns(len)).sum());
+        let unmap = starts.iter().map(|&(_, len)| v.unmap_ns.ns(len)).sum();
+        s.stats.ops.unmap.charge_total(n, unmap);
         Ok(())
     }
 
@@ -210,7 +217,10 @@ impl SimDevice {
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
         // One cuMemSetAccess for the run, whose time grows with the handles it covers (on an
         // H200, 25 calls over 3,600 pages took 127.8 ms: tuning/reports/gpu-nvidia-h200.md).
-        s.stats.ops.set_access.charge(1, n * self.cost.vmm.set_access_ns);
+        s.stats
+            .ops
+            .set_access
+            .charge(1, n * self.cost.vmm.set_access_ns.ns(handle));
         for p in (ptr..ptr + bytes).step_by(page as usize) {
             s.mapped_pages.insert(p, p);
             s.phys_refs.insert(p, 1);
@@ -251,19 +261,20 @@ impl SimDevice {
         {
             return Err(DeviceError::UnknownPointer { ptr });
         }
-        let mappings = if alias {
-            bytes / page
+        // The handles unmapped, by size: second mappings are a page each.
+        let sizes: Vec<u64> = if alias {
+            vec![page; (bytes / page) as usize]
         } else {
             let end = ptr + bytes;
             if Self::splits_a_handle(&s, ptr, end) {
                 // cuMemUnmap takes whole mappings only.
                 return Err(DeviceError::UnknownPointer { ptr });
             }
-            let starts: Vec<DevicePtr> = s.handles.range(ptr..end).map(|(&h, _)| h).collect();
-            for h in &starts {
+            let starts: Vec<(DevicePtr, u64)> = s.handles.range(ptr..end).map(|(&h, &len)| (h, len)).collect();
+            for (h, _) in &starts {
                 s.handles.remove(h);
             }
-            starts.len() as u64
+            starts.into_iter().map(|(_, len)| len).collect()
         };
         let mut freed = 0;
         for p in (ptr..ptr + bytes).step_by(page as usize) {
@@ -279,8 +290,15 @@ impl SimDevice {
         s.reservations.get_mut(&base).expect("found above").1 -= bytes;
         s.stats.driver_frees += 1;
         s.stats.allocated_bytes -= freed;
-        s.stats.ops.unmap.charge(mappings, self.cost.vmm.unmap_ns);
-        s.stats.ops.release.charge(mappings, self.cost.vmm.release_ns);
+        let (v, n) = (&self.cost.vmm, sizes.len() as u64);
+        s.stats
+            .ops
+            .unmap
+            .charge_total(n, sizes.iter().map(|&len| v.unmap_ns.ns(len)).sum());
+        s.stats
+            .ops
+            .release
+            .charge_total(n, sizes.iter().map(|&len| v.release_ns.ns(len)).sum());
         Ok(())
     }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use adaptalloc::device::{CostModel, CudaDevice, CudaPool, Device, DevicePtr};
+use adaptalloc::device::{CostCurve, CostModel, CudaDevice, CudaPool, Device, DevicePtr, VmmTimings};
 use adaptalloc::size::ByteSize;
 use adaptalloc::strategy::StreamId;
 use adaptalloc_cli::compare::Contender;
@@ -98,10 +98,19 @@ fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
         }
         all_pa.extend_from_slice(&pa);
         all_pf.extend_from_slice(&pf);
-        let (ma, mf) = (median(a), median(f));
-        eprintln!("calibrate: {}: cuMemAlloc {ma} ns, cuMemFree {mf} ns", ByteSize(size));
-        alloc_pts.push(format!("    [{size}, {ma}],  # {}", ByteSize(size)));
-        free_pts.push(format!("    [{size}, {mf}],"));
+        let (ia, i_f) = (median(a), median(f));
+        // Within a workload, an allocation has live neighbours: the same count again, kept live
+        // until the last is taken, then freed in the order taken. What the model prices.
+        let (ma, mf) = match live_neighbours(cuda, size, reps, free)? {
+            Some((la, lf)) => (la, lf),
+            None => (ia, i_f),
+        };
+        eprintln!(
+            "calibrate: {}: cuMemAlloc {ma} ns, cuMemFree {mf} ns with live neighbours; alone {ia} / {i_f} ns",
+            ByteSize(size)
+        );
+        alloc_pts.push(format!("    [{size}, {ma}],  # {}; alone {ia}", ByteSize(size)));
+        free_pts.push(format!("    [{size}, {mf}],  # alone {i_f}"));
         let _ = writeln!(
             pool_rows,
             "#   {:>10}  {:>8}  {:>8}",
@@ -126,8 +135,10 @@ fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
     let default = CostModel::default();
     Ok(format!(
         "# Measured by scripts/gpu-bench.sh (adaptalloc gpu-bench) on {name}, {date}: medians of\n\
-         # each driver call on an idle device (no queued work). The schema and the meaning of each\n\
-         # key are in tuning/cost-models/default.toml.\n\
+         # each driver call on an idle device (no queued work). cuMemAlloc and cuMemFree: blocks\n\
+         # taken one after another and kept live, then freed in order (a workload's allocations have\n\
+         # live neighbours); each point's comment gives the same call alone (taken and freed at\n\
+         # once). The schema and the meaning of each key are in tuning/cost-models/default.toml.\n\
          description = \"{name}, measured {date} (medians, idle device)\"\n\n\
          # Kept from the default model: the wait for queued work that cuMemFree's synchronization\n\
          # adds depends on the workload (this device was idle, so it was not measured).\n\
@@ -155,6 +166,36 @@ fn calibrate(cuda: &Arc<CudaDevice>, quick: bool) -> anyhow::Result<String> {
     ))
 }
 
+/// Median cuMemAlloc and cuMemFree times for `reps` blocks of `size` taken one after another
+/// and kept live, then freed in the order taken; None where they would take over a quarter of
+/// `free` (the isolated timings stand).
+fn live_neighbours(cuda: &CudaDevice, size: u64, reps: usize, free: u64) -> anyhow::Result<Option<(u64, u64)>> {
+    if size.saturating_mul(reps as u64) > free / 4 {
+        return Ok(None);
+    }
+    let (mut a, mut f, mut held) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t = Instant::now();
+        let p = cuda.allocate(size);
+        a.push(t.elapsed().as_nanos() as u64);
+        match p {
+            Ok(p) => held.push(p),
+            Err(e) => {
+                for p in held {
+                    cuda.free(p)?;
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    for p in held {
+        let t = Instant::now();
+        cuda.free(p)?;
+        f.push(t.elapsed().as_nanos() as u64);
+    }
+    Ok(Some((median(a), median(f))))
+}
+
 /// The `[vmm]` table: every virtual-memory call timed on handles from one granule to 1 GiB, with
 /// each price's confidence interval, and cuMemCreate priced by handle size; or the default's
 /// prices, said so, where the device has none.
@@ -162,18 +203,19 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
     let default = CostModel::default().vmm;
     let Some(page) = cuda.vmm_page_size() else {
         eprintln!("calibrate: no virtual memory management on this device; [vmm] keeps the default's prices");
-        let create = default.create_ns.ns(2 << 20);
+        let at_2mib = |c: &CostCurve| c.ns(2 << 20);
         return Ok(format!(
             "# Not measured: this device has no virtual memory management (or ADAPTALLOC_CUDA_VMM=0);\n\
-             # the default model's prices.\n\
-             [vmm]\nreserve_ns = {}\nunreserve_ns = {}\ncreate_ns = {create}\nmap_ns = {}\nset_access_ns = {}\n\
+             # the default model's prices for 2 MiB handles.\n\
+             [vmm]\nreserve_ns = {}\nunreserve_ns = {}\ncreate_ns = {}\nmap_ns = {}\nset_access_ns = {}\n\
              unmap_ns = {}\nrelease_ns = {}\nunmap_sync_ns = {}\n",
             default.reserve_ns,
             default.unreserve_ns,
+            at_2mib(&default.create_ns),
             default.map_ns,
-            default.set_access_ns,
-            default.unmap_ns,
-            default.release_ns,
+            at_2mib(&default.set_access_ns),
+            at_2mib(&default.unmap_ns),
+            at_2mib(&default.release_ns),
             default.unmap_sync_ns
         ));
     };
@@ -216,30 +258,33 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
             }
         }
     }
-    let points: Vec<String> = measured
-        .iter()
-        .map(|(size, t)| format!("[{size}, {}]", t.create_ns))
-        .collect();
+    // A price by handle size: the medians at every size measured.
+    let curve = |price: fn(&VmmTimings) -> u64| {
+        let points: Vec<String> = measured
+            .iter()
+            .map(|(size, t)| format!("[{size}, {}]", price(t)))
+            .collect();
+        format!("{{ points = [{}] }}", points.join(", "))
+    };
     Ok(format!(
         "# Virtual memory: each call timed on handles of every size below (ns; the median is the\n\
-         # price, the mean's 95% confidence interval says how sure it is). map, set access (charged per\n\
-         # handle a call covers), unmap and release are priced from the {ps} handles; cuMemCreate by\n\
-         # handle size. cuCtxSynchronize on the idle device took {sync} ns; unmap_sync_ns keeps the\n\
-         # default's, as free_sync_ns.\n\
+         # price, the mean's 95% confidence interval says how sure it is). cuMemCreate, set access\n\
+         # (charged per handle a call covers), unmap and release are priced by handle size; map,\n\
+         # reserve and unreserve from the {ps} handles. cuCtxSynchronize on the idle device took\n\
+         # {sync} ns; unmap_sync_ns keeps the default's, as free_sync_ns.\n\
          {table}{notes}\
          [vmm]\nreserve_ns = {reserve}\nunreserve_ns = {unreserve}\n\
-         create_ns = {{ points = [{points}] }}\n\
-         map_ns = {map}\nset_access_ns = {access}\nunmap_ns = {unmap}\nrelease_ns = {release}\n\
-         unmap_sync_ns = {usync}\n",
+         create_ns = {create}\nmap_ns = {map}\nset_access_ns = {access}\nunmap_ns = {unmap}\n\
+         release_ns = {release}\nunmap_sync_ns = {usync}\n",
         ps = ByteSize(page),
-        points = points.join(", "),
         sync = small.sync_ns,
         reserve = small.reserve_ns,
         unreserve = small.unreserve_ns,
+        create = curve(|t| t.create_ns),
         map = small.map_ns,
-        access = small.set_access_ns,
-        unmap = small.unmap_ns,
-        release = small.release_ns,
+        access = curve(|t| t.set_access_ns),
+        unmap = curve(|t| t.unmap_ns),
+        release = curve(|t| t.release_ns),
         usync = default.unmap_sync_ns,
     ))
 }
