@@ -210,6 +210,98 @@ fn release_after_a_free_with_queued_work_does_not_fault_on_a_gpu() {
     );
 }
 
+/// Whether the driver maps part of a physical handle (cuMemMap at a non-zero offset): the free
+/// pages inside a large handle that a live block keeps could then back a request elsewhere, as a
+/// second mapping of memory already held (what spliced blocks do with whole pages). Maps the
+/// third 2 MiB of an 8 MiB handle a second time and checks that both addresses see the same
+/// bytes and that free memory did not fall by a page; skips, saying so, where the driver refuses
+/// the offset (older CUDA documented it as "must be zero"). An H200 with driver 580 refused it
+/// (CUDA_ERROR_NOT_SUPPORTED; tuning/reports/gpu-nvidia-h200.md): there a large handle's free
+/// pages cannot serve a request elsewhere, and it strands until it is wholly idle.
+#[test]
+fn a_large_handle_maps_in_part_at_an_offset_on_a_gpu() {
+    use cudarc::driver::sys;
+    use sys::CUresult::CUDA_SUCCESS as OK;
+    let Some(dev) = device() else { return };
+    let Some(vmm) = dev.vmm() else {
+        skip("this GPU or driver has no virtual memory management");
+        return;
+    };
+    let _ctx = cudarc::driver::CudaContext::new(0).expect("a context on device 0");
+    let page = vmm.page_size();
+    let a = vmm.reserve(4 * page).unwrap();
+    vmm.map_handles(a, 4 * page, 4 * page)
+        .expect("one handle of four pages");
+    for i in 0..4u8 {
+        // SAFETY: `a..a + 4 pages` is mapped with access granted just above.
+        let r = unsafe { sys::cuMemsetD8_v2(a + u64::from(i) * page, i + 1, page as usize) };
+        assert_eq!(r, OK);
+    }
+    let b = vmm.reserve(page).unwrap();
+    let free_before = dev.mem_info().unwrap().free;
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: `a + 2 pages` is mapped (above); the handle reference taken is released below.
+    let r = unsafe { sys::cuMemRetainAllocationHandle(&mut handle, (a + 2 * page) as *mut std::ffi::c_void) };
+    assert_eq!(r, OK);
+    // SAFETY: `b` is a fresh reservation of one page; `handle` is live (the reference above) and
+    // holds four pages, so the page at offset 2 pages is inside it.
+    let mapped = unsafe { sys::cuMemMap(b, page as usize, (2 * page) as usize, handle, 0) };
+    // SAFETY: our reference; a mapping made above keeps its own.
+    assert_eq!(unsafe { sys::cuMemRelease(handle) }, OK);
+    if mapped != OK {
+        vmm.unmap(a, 4 * page).unwrap();
+        vmm.unreserve(a).unwrap();
+        vmm.unreserve(b).unwrap();
+        skip(&format!(
+            "cuMemMap of part of a handle (offset 2 pages) refused: {mapped:?}"
+        ));
+        return;
+    }
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 0,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: `b` was just mapped; `desc` is one live descriptor.
+    assert_eq!(unsafe { sys::cuMemSetAccess(b, page as usize, &desc, 1) }, OK);
+    let free_after = dev.mem_info().unwrap().free;
+    let read = |at: u64| {
+        let mut byte = 0u8;
+        // SAFETY: `at` is mapped and readable; one byte into a live local.
+        let r = unsafe { sys::cuMemcpyDtoH_v2((&mut byte as *mut u8).cast(), at, 1) };
+        assert_eq!(r, OK);
+        byte
+    };
+    let seen = (read(b), read(b + page - 1));
+    // SAFETY: `b` is mapped with access granted above.
+    assert_eq!(unsafe { sys::cuMemsetD8_v2(b, 0x77, page as usize) }, OK);
+    let through_a = read(a + 2 * page);
+    // The first mapping goes; the second keeps its page readable, and free memory says whether
+    // the driver keeps the whole handle for it (a large handle is given back only whole).
+    vmm.unmap(a, 4 * page).unwrap();
+    let free_without_a = dev.mem_info().unwrap().free;
+    let still = read(b);
+    // SAFETY: unmaps the one mapping made here.
+    assert_eq!(unsafe { sys::cuMemUnmap(b, page as usize) }, OK);
+    let free_at_end = dev.mem_info().unwrap().free;
+    println!(
+        "part of a handle mapped at an offset: the second mapping reads {seen:?}, a write through it reads \
+         {through_a:#x} at the first; free memory {free_before} -> {free_after} with both mapped, \
+         {free_without_a} with the second alone (it reads {still:#x}), {free_at_end} with neither"
+    );
+    vmm.unreserve(a).unwrap();
+    vmm.unreserve(b).unwrap();
+    assert_eq!(still, 0x77, "the second mapping keeps its memory after the first goes");
+    assert_eq!(seen, (3, 3), "the second mapping shows the handle's third page");
+    assert_eq!(through_a, 0x77, "a write through the second mapping shows at the first");
+    assert!(
+        free_before.abs_diff(free_after) < page,
+        "the second mapping took no new memory: {free_before} -> {free_after}"
+    );
+}
+
 /// Queues `n` memsets of `bytes` at `buf` on `stream`, each checked.
 ///
 /// # Safety
