@@ -323,6 +323,10 @@ pub struct VmmTimings {
     pub map_ns: u64,
     /// cuMemSetAccess of one mapping.
     pub set_access_ns: u64,
+    /// cuMemSetAccess over a run of the `n` handles, mapped one after another without grants,
+    /// divided by `n`: what a handle costs in the one grant a mapped run gets (CudaDevice's
+    /// way, and PyTorch's expandable segments').
+    pub run_access_ns: u64,
     /// cuMemUnmap of one mapping.
     pub unmap_ns: u64,
     /// cuMemRelease of one handle.
@@ -437,8 +441,15 @@ impl CudaDevice {
             release.push(t.elapsed().as_nanos() as u64);
             result = result.and(r);
         }
+        if result.is_ok() {
+            match self.time_run_grant(base, handle, n, &prop, &desc) {
+                Ok(ns) => out.run_access_ns = ns / n as u64,
+                Err(e) => result = Err(e),
+            }
+        }
         let t = Instant::now();
-        // SAFETY: our reservation, with every handle in it unmapped above.
+        // SAFETY: our reservation, with every handle in it unmapped above (and by
+        // `time_run_grant`).
         let freed = check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(base, total) });
         out.unreserve_ns = t.elapsed().as_nanos() as u64;
         result.and(freed)?;
@@ -455,5 +466,60 @@ impl CudaDevice {
             ("release", release),
         ];
         Ok(out)
+    }
+
+    /// Maps `n` new handles of `handle` bytes one after another at `base` (unmapped, in our
+    /// reservation), times one cuMemSetAccess over them all, then gives every one back; the
+    /// grant's ns. Everything made is given back on failure too.
+    fn time_run_grant(
+        &self,
+        base: sys::CUdeviceptr,
+        handle: u64,
+        n: usize,
+        prop: &sys::CUmemAllocationProp,
+        desc: &sys::CUmemAccessDesc,
+    ) -> Result<u64, DeviceError> {
+        let mut made: Vec<(sys::CUmemGenericAllocationHandle, bool)> = Vec::with_capacity(n);
+        let mut result = Ok(());
+        for i in 0..n {
+            let mut h: sys::CUmemGenericAllocationHandle = 0;
+            // SAFETY: `h` and `prop` are live; the context is current (the caller's).
+            if let Err(e) = check("cuMemCreate", unsafe {
+                sys::cuMemCreate(&mut h, handle as usize, prop, 0)
+            }) {
+                result = Err(e);
+                break;
+            }
+            let va = base + (i as u64) * handle;
+            // SAFETY: `va..va+handle` is in the caller's reservation, unmapped; `h` is ours, of
+            // exactly `handle` bytes.
+            let mapped = check("cuMemMap", unsafe { sys::cuMemMap(va, handle as usize, 0, h, 0) });
+            made.push((h, mapped.is_ok()));
+            if let Err(e) = mapped {
+                result = Err(e);
+                break;
+            }
+        }
+        let mut grant_ns = 0;
+        if result.is_ok() {
+            let t = Instant::now();
+            // SAFETY: every handle of `base..base + n * handle` was just mapped; `desc` is live.
+            result = check("cuMemSetAccess", unsafe {
+                sys::cuMemSetAccess(base, handle as usize * n, desc, 1)
+            });
+            grant_ns = t.elapsed().as_nanos() as u64;
+        }
+        for (i, &(h, mapped)) in made.iter().enumerate() {
+            if mapped {
+                // SAFETY: mapped above at this address; nothing was queued on it.
+                let r = check("cuMemUnmap", unsafe {
+                    sys::cuMemUnmap(base + (i as u64) * handle, handle as usize)
+                });
+                result = result.and(r);
+            }
+            // SAFETY: our reference from cuMemCreate, unmapped now.
+            result = result.and(check("cuMemRelease", unsafe { sys::cuMemRelease(h) }));
+        }
+        result.map(|()| grant_ns)
     }
 }

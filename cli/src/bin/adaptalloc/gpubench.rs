@@ -257,6 +257,13 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
                 let _ = writeln!(table, "#   {:>7} {kind:<10} {e}", ByteSize(*size).to_string());
             }
         }
+        let _ = writeln!(
+            table,
+            "#   {:>7} run grant  {} a handle, one cuMemSetAccess over {} of them",
+            ByteSize(*size).to_string(),
+            t.run_access_ns,
+            t.samples[0].1.len()
+        );
     }
     // A price by handle size: the medians at every size measured.
     let curve = |price: fn(&VmmTimings) -> u64| {
@@ -270,8 +277,10 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
         "# Virtual memory: each call timed on handles of every size below (ns; the median is the\n\
          # price, the mean's 95% confidence interval says how sure it is). cuMemCreate, set access\n\
          # (charged per handle a call covers), unmap and release are priced by handle size; map,\n\
-         # reserve and unreserve from the {ps} handles. cuCtxSynchronize on the idle device took\n\
-         # {sync} ns; unmap_sync_ns keeps the default's, as free_sync_ns.\n\
+         # reserve and unreserve from the {ps} handles. Set access is one grant over the handles\n\
+         # of a run, per handle (\"run grant\" below; \"set_access\" is one handle's grant alone).\n\
+         # cuCtxSynchronize on the idle device took {sync} ns; unmap_sync_ns keeps the default's,\n\
+         # as free_sync_ns.\n\
          {table}{notes}\
          [vmm]\nreserve_ns = {reserve}\nunreserve_ns = {unreserve}\n\
          create_ns = {create}\nmap_ns = {map}\nset_access_ns = {access}\nunmap_ns = {unmap}\n\
@@ -282,7 +291,7 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
         unreserve = small.unreserve_ns,
         create = curve(|t| t.create_ns),
         map = small.map_ns,
-        access = curve(|t| t.set_access_ns),
+        access = curve(|t| t.run_access_ns),
         unmap = curve(|t| t.unmap_ns),
         release = curve(|t| t.release_ns),
         usync = default.unmap_sync_ns,
