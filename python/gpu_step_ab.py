@@ -6,8 +6,8 @@ alternating processes (an allocator is chosen once per process), and torch.empty
 Each pair runs both allocators, in alternating order (native first in even pairs), so that a
 drift of the machine during the run falls on both. Reports each run's time per step, the host
 time to queue a step's work, and the driver allocations and frees after the first tenth of the
-steps; then the mean paired difference with its 95% confidence interval (Student's t over the
-pairs). Needs libadaptalloc.so in target/release (a cargo build, or scripts/gpu-run.sh).
+steps, and the peak reserved; then the mean paired difference with its 95% confidence interval
+(Student's t over the pairs). Needs libadaptalloc.so in target/release (a cargo build, or scripts/gpu-run.sh).
 """
 import argparse
 import json
@@ -98,8 +98,9 @@ def main():
              "first tenth. Queue: host time until the step's work is queued. Driver calls: "
              "allocations and frees after the first tenth of the steps.", "",
              "| pair | order | native ms/step | adaptalloc ms/step | difference | native queue ms | "
-             "adaptalloc queue ms | native driver calls | adaptalloc driver calls |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "adaptalloc queue ms | native driver calls | adaptalloc driver calls | "
+             "peak reserved MiB, native / adaptalloc |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     diffs, qdiffs = [], []
     for i in range(args.pairs):
         order = [True, False] if i % 2 == 0 else [False, True]
@@ -113,7 +114,8 @@ def main():
         lines.append(f"| {i + 1} | {'native first' if order[0] else 'adaptalloc first'} | "
                      f"{n['ms_per_step']:.2f} | {a['ms_per_step']:.2f} | {d:+.2f} | "
                      f"{n['host_ms_per_step']:.2f} | {a['host_ms_per_step']:.2f} | "
-                     f"{n['driver_calls_after_warmup']} | {a['driver_calls_after_warmup']} |")
+                     f"{n['driver_calls_after_warmup']} | {a['driver_calls_after_warmup']} | "
+                     f"{n['peak_reserved_mib']:.0f} / {a['peak_reserved_mib']:.0f} |")
         print(lines[-1], flush=True)
     m, h = mean_ci(diffs)
     qm, qh = mean_ci(qdiffs)
