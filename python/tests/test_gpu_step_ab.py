@@ -2,13 +2,16 @@
 mean and its 95% confidence interval from Student's t, and the table's conservative choice of
 quantile between the degrees of freedom it lists."""
 
+import importlib.util
 import math
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-import gpu_step_ab  # noqa: E402
+# Loaded from its file: putting python/ on sys.path would make `import adaptalloc` in the other
+# tests find the source folder instead of the installed package.
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu_step_ab.py")
+_SPEC = importlib.util.spec_from_file_location("gpu_step_ab", _PATH)
+gpu_step_ab = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(gpu_step_ab)
 
 
 def test_mean_and_half_width_follow_students_t():
