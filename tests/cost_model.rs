@@ -80,6 +80,48 @@ fn every_handle_price_follows_the_handle_size() {
     assert_ne!(m.vmm.release_ns.ns(6 * MIB), 3 * m.vmm.release_ns.ns(2 * MIB));
 }
 
+/// A 6 MiB handle moved (mapped at its new place, granted, unmapped at the old) and mapped a
+/// second time: every per-handle price at the handle's size, not a page's.
+#[test]
+fn moves_and_second_mappings_price_each_handle_at_its_size() {
+    let mut m = CostModel::default();
+    let curve = |small: u64, large: u64| CostCurve {
+        points: vec![(ByteSize(2 * MIB), small), (ByteSize(8 * MIB), large)],
+    };
+    (m.vmm.set_access_ns, m.vmm.unmap_ns, m.vmm.release_ns) = (curve(30, 60), curve(20, 40), curve(10, 90));
+    let dev = SimDevice::builder().capacity(GIB).cost_model(m.clone()).build();
+    let vmm = dev.vmm().unwrap();
+    let (a, b, c) = (
+        vmm.reserve(6 * MIB).unwrap(),
+        vmm.reserve(6 * MIB).unwrap(),
+        vmm.reserve(6 * MIB).unwrap(),
+    );
+    vmm.map_handles(a, 6 * MIB, 6 * MIB).unwrap();
+    let before = dev.stats().ops;
+    vmm.move_handles(b, a, 6 * MIB).unwrap();
+    let moved = dev.stats().ops.since(&before);
+    assert_eq!((moved.map.calls, moved.set_access.calls, moved.unmap.calls), (1, 1, 1));
+    assert_eq!(moved.set_access.ns, m.vmm.set_access_ns.ns(6 * MIB));
+    assert_eq!(moved.unmap.ns, m.vmm.unmap_ns.ns(6 * MIB));
+    assert_eq!(
+        moved.create.calls + moved.release.calls,
+        0,
+        "a move creates and releases nothing"
+    );
+    let before = dev.stats().ops;
+    vmm.map_alias(c, b, 6 * MIB).unwrap();
+    let aliased = dev.stats().ops.since(&before);
+    assert_eq!(aliased.set_access.ns, m.vmm.set_access_ns.ns(6 * MIB));
+    assert_eq!(dev.used_bytes(), 6 * MIB, "a second mapping takes no memory");
+    vmm.quiesce().unwrap();
+    vmm.unmap_alias(c, 6 * MIB).unwrap();
+    vmm.unmap(b, 6 * MIB).unwrap();
+    assert_eq!(dev.used_bytes(), 0);
+    for base in [a, b, c] {
+        vmm.unreserve(base).unwrap();
+    }
+}
+
 #[test]
 fn large_handles_map_cheaper_and_unmap_only_whole() {
     let dev = device(GIB);
