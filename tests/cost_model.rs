@@ -81,7 +81,7 @@ fn every_handle_price_follows_the_handle_size() {
 }
 
 /// A 6 MiB handle moved (mapped at its new place, granted, unmapped at the old) and mapped a
-/// second time: every per-handle price at the handle's size, not a page's.
+/// second time, then that mapping unmapped: each one call at the handle's size, not one a page.
 #[test]
 fn moves_and_second_mappings_price_each_handle_at_its_size() {
     let mut m = CostModel::default();
@@ -114,7 +114,15 @@ fn moves_and_second_mappings_price_each_handle_at_its_size() {
     assert_eq!(aliased.set_access.ns, m.vmm.set_access_ns.ns(6 * MIB));
     assert_eq!(dev.used_bytes(), 6 * MIB, "a second mapping takes no memory");
     vmm.quiesce().unwrap();
+    // Part of the second mapping cannot go; the whole of it is one unmap at the handle's size.
+    assert!(vmm.unmap_alias(c, 2 * MIB).is_err());
+    let before = dev.stats().ops;
     vmm.unmap_alias(c, 6 * MIB).unwrap();
+    let unmapped = dev.stats().ops.since(&before);
+    assert_eq!(
+        (unmapped.unmap.calls, unmapped.unmap.ns),
+        (1, m.vmm.unmap_ns.ns(6 * MIB))
+    );
     vmm.unmap(b, 6 * MIB).unwrap();
     assert_eq!(dev.used_bytes(), 0);
     for base in [a, b, c] {

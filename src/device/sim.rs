@@ -123,6 +123,9 @@ struct State {
     /// Physical handles mapped at their first address: start -> bytes (a page, or more when
     /// mapped by [`VirtualMemory::map_handles`]); unmapped whole only.
     handles: std::collections::BTreeMap<DevicePtr, u64>,
+    /// Second mappings of handles ([`VirtualMemory::map_alias`]): start -> the handle's bytes;
+    /// unmapped whole only, as first mappings.
+    alias_handles: std::collections::BTreeMap<DevicePtr, u64>,
     /// Next driver allocation ends here: driver allocations go down from the top of the
     /// address range, as cudaMalloc's addresses mostly do; reservations go up from it.
     alloc_top: u64,
@@ -222,6 +225,7 @@ impl SimDeviceBuilder {
                 mapped_pages: std::collections::BTreeMap::new(),
                 phys_refs: HashMap::new(),
                 handles: std::collections::BTreeMap::new(),
+                alias_handles: std::collections::BTreeMap::new(),
                 alloc_top: align_up(0x7f00_0000_0000, align),
             }),
             faults: self.faults,

@@ -104,10 +104,11 @@ impl VirtualMemory for SimDevice {
         }
         // A retained handle per handle (cuMemRetainAllocationHandle: no price of its own), each
         // mapped, and one access grant for the run, priced by the handles it covers.
-        let (n, access): (u64, u64) = handles.fold((0, 0), |(n, ns), (_, &len)| {
-            (n + 1, ns + self.cost.vmm.set_access_ns.ns(len))
-        });
+        let second: Vec<(DevicePtr, u64)> = handles.map(|(&h, &len)| (ptr + (h - src), len)).collect();
+        let access = second.iter().map(|&(_, len)| self.cost.vmm.set_access_ns.ns(len)).sum();
+        let n = second.len() as u64;
         self.admit(&mut s, bytes, 0)?;
+        s.alias_handles.extend(second);
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
         s.stats.ops.set_access.charge(1, access);
         for o in pages {
@@ -238,11 +239,21 @@ impl SimDevice {
     /// Some handle is mapped partly inside `start..end` and partly outside it (cuMemUnmap and
     /// cuMemMap take whole handles only).
     fn splits_a_handle(s: &State, start: DevicePtr, end: DevicePtr) -> bool {
-        s.handles
+        Self::splits_a_mapping(&s.handles, start, end)
+    }
+
+    /// Some mapping of `mappings` (start -> bytes) lies partly inside `start..end` and partly
+    /// outside it.
+    fn splits_a_mapping(
+        mappings: &std::collections::BTreeMap<DevicePtr, u64>,
+        start: DevicePtr,
+        end: DevicePtr,
+    ) -> bool {
+        mappings
             .range(..start)
             .next_back()
             .is_some_and(|(&h, &len)| h + len > start)
-            || s.handles.range(start..end).any(|(&h, &len)| h + len > end)
+            || mappings.range(start..end).any(|(&h, &len)| h + len > end)
     }
 
     /// Unmaps `ptr..ptr+bytes`, which must be inside a reservation: first mappings (whole
@@ -261,21 +272,18 @@ impl SimDevice {
         {
             return Err(DeviceError::UnknownPointer { ptr });
         }
-        // The handles unmapped, by size: second mappings are a page each.
-        let sizes: Vec<u64> = if alias {
-            vec![page; (bytes / page) as usize]
-        } else {
-            let end = ptr + bytes;
-            if Self::splits_a_handle(&s, ptr, end) {
-                // cuMemUnmap takes whole mappings only.
-                return Err(DeviceError::UnknownPointer { ptr });
-            }
-            let starts: Vec<(DevicePtr, u64)> = s.handles.range(ptr..end).map(|(&h, &len)| (h, len)).collect();
-            for (h, _) in &starts {
-                s.handles.remove(h);
-            }
-            starts.into_iter().map(|(_, len)| len).collect()
-        };
+        // The mappings unmapped, whole only (as cuMemUnmap takes them), by the size of each
+        // one's handle.
+        let end = ptr + bytes;
+        let map = if alias { &mut s.alias_handles } else { &mut s.handles };
+        if Self::splits_a_mapping(map, ptr, end) {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        let starts: Vec<(DevicePtr, u64)> = map.range(ptr..end).map(|(&h, &len)| (h, len)).collect();
+        for (h, _) in &starts {
+            map.remove(h);
+        }
+        let sizes: Vec<u64> = starts.into_iter().map(|(_, len)| len).collect();
         let mut freed = 0;
         for p in (ptr..ptr + bytes).step_by(page as usize) {
             let phys = s.mapped_pages.remove(&p).expect("checked above");
