@@ -41,17 +41,25 @@ fn mapping_pages_charges_a_create_and_a_map_per_page_and_one_access_grant_priced
     );
 }
 
+/// The default model with access grant, unmap and release priced by handle size (curves shaped
+/// as the H200's calibration: giving back a large handle costs more), so that a handle priced at
+/// a page's size would show.
+fn sized_model() -> CostModel {
+    let mut m = CostModel::default();
+    let curve = |small: u64, large: u64| CostCurve {
+        points: vec![(ByteSize(2 * MIB), small), (ByteSize(8 * MIB), large)],
+    };
+    (m.vmm.set_access_ns, m.vmm.unmap_ns, m.vmm.release_ns) = (curve(30, 60), curve(20, 40), curve(10, 90));
+    m
+}
+
 /// 6 MiB mapped as three 2 MiB handles and as one 6 MiB handle, then given back: a create and a
 /// map per handle, one access grant for the run at the price of the handles it covers, and an
 /// unmap and a release per handle, every per-handle price at its handle's size (curves as the
 /// H200's calibration gives them: giving back a large handle costs more).
 #[test]
 fn every_handle_price_follows_the_handle_size() {
-    let mut m = CostModel::default();
-    let curve = |small: u64, large: u64| CostCurve {
-        points: vec![(ByteSize(2 * MIB), small), (ByteSize(8 * MIB), large)],
-    };
-    (m.vmm.set_access_ns, m.vmm.unmap_ns, m.vmm.release_ns) = (curve(30, 60), curve(20, 40), curve(10, 90));
+    let m = sized_model();
     for handle in [2 * MIB, 6 * MIB] {
         let dev = SimDevice::builder().capacity(GIB).cost_model(m.clone()).build();
         let vmm = dev.vmm().unwrap();
@@ -84,11 +92,7 @@ fn every_handle_price_follows_the_handle_size() {
 /// second time, then that mapping unmapped: each one call at the handle's size, not one a page.
 #[test]
 fn moves_and_second_mappings_price_each_handle_at_its_size() {
-    let mut m = CostModel::default();
-    let curve = |small: u64, large: u64| CostCurve {
-        points: vec![(ByteSize(2 * MIB), small), (ByteSize(8 * MIB), large)],
-    };
-    (m.vmm.set_access_ns, m.vmm.unmap_ns, m.vmm.release_ns) = (curve(30, 60), curve(20, 40), curve(10, 90));
+    let m = sized_model();
     let dev = SimDevice::builder().capacity(GIB).cost_model(m.clone()).build();
     let vmm = dev.vmm().unwrap();
     let (a, b, c) = (

@@ -21,6 +21,16 @@ fn device() -> Option<CudaDevice> {
     }
 }
 
+/// The GPU, where it has virtual memory management (skips, saying so, where not).
+fn vmm_device() -> Option<CudaDevice> {
+    let dev = device()?;
+    if dev.vmm().is_none() {
+        skip("this GPU or driver has no virtual memory management");
+        return None;
+    }
+    Some(dev)
+}
+
 #[test]
 fn no_driver_is_a_clear_error_not_a_panic() {
     if CudaDevice::driver_present() {
@@ -76,11 +86,8 @@ fn out_of_memory_on_a_gpu_is_a_typed_error() {
 /// driver must count that memory once and keep it until its last mapping goes.
 #[test]
 fn a_page_mapped_twice_on_a_gpu_is_memory_once() {
-    let Some(dev) = device() else { return };
-    let Some(vmm) = dev.vmm() else {
-        skip("this GPU or driver has no virtual memory management");
-        return;
-    };
+    let Some(dev) = vmm_device() else { return };
+    let vmm = dev.vmm().expect("vmm_device checked");
     let page = vmm.page_size();
     let (a, b) = (vmm.reserve(page).unwrap(), vmm.reserve(page).unwrap());
     vmm.map(a, page).unwrap();
@@ -166,11 +173,7 @@ fn a_wait_until_a_checkpoint_leaves_later_work_running_on_a_gpu() {
 #[test]
 fn release_after_a_free_with_queued_work_does_not_fault_on_a_gpu() {
     use cudarc::driver::sys;
-    let Some(dev) = device() else { return };
-    if dev.vmm().is_none() {
-        skip("this GPU or driver has no virtual memory management");
-        return;
-    }
+    let Some(dev) = vmm_device() else { return };
     let ctx = cudarc::driver::CudaContext::new(0).expect("a context on device 0");
     let stream = ctx.new_stream().expect("a stream");
     let id = adaptalloc::cudarc_ext::stream_id(&stream);
@@ -222,11 +225,8 @@ fn release_after_a_free_with_queued_work_does_not_fault_on_a_gpu() {
 fn a_large_handle_maps_in_part_at_an_offset_on_a_gpu() {
     use cudarc::driver::sys;
     use sys::CUresult::CUDA_SUCCESS as OK;
-    let Some(dev) = device() else { return };
-    let Some(vmm) = dev.vmm() else {
-        skip("this GPU or driver has no virtual memory management");
-        return;
-    };
+    let Some(dev) = vmm_device() else { return };
+    let vmm = dev.vmm().expect("vmm_device checked");
     let _ctx = cudarc::driver::CudaContext::new(0).expect("a context on device 0");
     let page = vmm.page_size();
     let a = vmm.reserve(4 * page).unwrap();

@@ -76,6 +76,12 @@ impl CostCurve {
         pts[pts.len() - 1].1
     }
 
+    /// Modelled nanoseconds for one call per size in `sizes` (handles priced each at its own
+    /// size).
+    pub fn total(&self, sizes: impl IntoIterator<Item = u64>) -> u64 {
+        sizes.into_iter().map(|bytes| self.ns(bytes)).sum()
+    }
+
     fn validate(&self, file: &str, key: &str) -> Result<(), ConfigError> {
         if self.points.is_empty() {
             return Err(ConfigError::Invalid {

@@ -379,80 +379,42 @@ impl CudaDevice {
             reserve_ns: t.elapsed().as_nanos() as u64,
             ..Default::default()
         };
-        let (mut create, mut map, mut access) = (Vec::new(), Vec::new(), Vec::new());
-        // Handles made so far, and how many of them are mapped.
-        let mut handles: Vec<sys::CUmemGenericAllocationHandle> = Vec::with_capacity(n);
-        let mut mapped = 0usize;
-        let mut result = Ok(());
-        for i in 0..n {
-            let va = base + (i as u64) * handle;
-            let mut h: sys::CUmemGenericAllocationHandle = 0;
-            let t = Instant::now();
-            // SAFETY: `h` and `prop` are live locals; the context is current.
-            let r = check("cuMemCreate", unsafe {
-                sys::cuMemCreate(&mut h, handle as usize, &prop, 0)
-            });
-            create.push(t.elapsed().as_nanos() as u64);
-            if let Err(e) = r {
-                result = Err(e);
-                break;
-            }
-            handles.push(h);
-            let t = Instant::now();
-            // SAFETY: `va..va+handle` lies in our reservation, unmapped; `h` is a handle of
-            // exactly `handle` bytes that we hold.
-            let r = check("cuMemMap", unsafe { sys::cuMemMap(va, handle as usize, 0, h, 0) });
-            map.push(t.elapsed().as_nanos() as u64);
-            if let Err(e) = r {
-                result = Err(e);
-                break;
-            }
-            mapped += 1;
-            let t = Instant::now();
-            // SAFETY: `va..va+handle` was just mapped; `desc` is one live descriptor.
-            let r = check("cuMemSetAccess", unsafe {
-                sys::cuMemSetAccess(va, handle as usize, &desc, 1)
-            });
-            access.push(t.elapsed().as_nanos() as u64);
-            if let Err(e) = r {
-                result = Err(e);
-                break;
-            }
-        }
+        // Phase 1: every handle created, mapped and granted on its own, then given back.
+        let mut t1 = CallTimes::default();
+        let (handles, mapped, mut result) = map_timed(base, handle, n, &prop, Some(&desc), &mut t1);
         let t = Instant::now();
         // SAFETY: the context is current; the call takes no pointers.
         let synced = check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() });
         out.sync_ns = t.elapsed().as_nanos() as u64;
-        result = result.and(synced);
-        let (mut unmap, mut release) = (Vec::new(), Vec::new());
-        for (i, &h) in handles.iter().enumerate() {
-            if i < mapped {
-                let t = Instant::now();
-                // SAFETY: mapped above at this address, with nothing queued on it.
-                let r = check("cuMemUnmap", unsafe {
-                    sys::cuMemUnmap(base + (i as u64) * handle, handle as usize)
-                });
-                unmap.push(t.elapsed().as_nanos() as u64);
-                result = result.and(r);
-            }
-            let t = Instant::now();
-            // SAFETY: our reference from cuMemCreate, unmapped now: its memory goes back.
-            let r = check("cuMemRelease", unsafe { sys::cuMemRelease(h) });
-            release.push(t.elapsed().as_nanos() as u64);
-            result = result.and(r);
-        }
+        result = result
+            .and(synced)
+            .and(give_back_timed(base, handle, &handles, mapped, &mut t1));
+        // Phase 2: the same again mapped without grants, then one grant for the run (what a
+        // workload's mapping pays: CudaDevice's way, and PyTorch's expandable segments'), per
+        // handle.
         if result.is_ok() {
-            match self.time_run_grant(base, handle, n, &prop, &desc) {
-                Ok(ns) => out.run_access_ns = ns / n as u64,
-                Err(e) => result = Err(e),
+            let mut t2 = CallTimes::default();
+            let (handles, mapped, mut run) = map_timed(base, handle, n, &prop, None, &mut t2);
+            if run.is_ok() {
+                let t = Instant::now();
+                // SAFETY: every handle of `base..base + n * handle` was just mapped; `desc` is live.
+                run = check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(base, total, &desc, 1) });
+                out.run_access_ns = t.elapsed().as_nanos() as u64 / n as u64;
             }
+            result = run.and(give_back_timed(base, handle, &handles, mapped, &mut t2));
         }
         let t = Instant::now();
-        // SAFETY: our reservation, with every handle in it unmapped above (and by
-        // `time_run_grant`).
+        // SAFETY: our reservation, with every handle in it unmapped above.
         let freed = check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(base, total) });
         out.unreserve_ns = t.elapsed().as_nanos() as u64;
         result.and(freed)?;
+        let CallTimes {
+            mut create,
+            mut map,
+            mut access,
+            mut unmap,
+            mut release,
+        } = t1;
         out.create_ns = median(&mut create);
         out.map_ns = median(&mut map);
         out.set_access_ns = median(&mut access);
@@ -467,59 +429,89 @@ impl CudaDevice {
         ];
         Ok(out)
     }
+}
 
-    /// Maps `n` new handles of `handle` bytes one after another at `base` (unmapped, in our
-    /// reservation), times one cuMemSetAccess over them all, then gives every one back; the
-    /// grant's ns. Everything made is given back on failure too.
-    fn time_run_grant(
-        &self,
-        base: sys::CUdeviceptr,
-        handle: u64,
-        n: usize,
-        prop: &sys::CUmemAllocationProp,
-        desc: &sys::CUmemAccessDesc,
-    ) -> Result<u64, DeviceError> {
-        let mut made: Vec<(sys::CUmemGenericAllocationHandle, bool)> = Vec::with_capacity(n);
-        let mut result = Ok(());
-        for i in 0..n {
-            let mut h: sys::CUmemGenericAllocationHandle = 0;
-            // SAFETY: `h` and `prop` are live; the context is current (the caller's).
-            if let Err(e) = check("cuMemCreate", unsafe {
-                sys::cuMemCreate(&mut h, handle as usize, prop, 0)
-            }) {
-                result = Err(e);
-                break;
-            }
-            let va = base + (i as u64) * handle;
-            // SAFETY: `va..va+handle` is in the caller's reservation, unmapped; `h` is ours, of
-            // exactly `handle` bytes.
-            let mapped = check("cuMemMap", unsafe { sys::cuMemMap(va, handle as usize, 0, h, 0) });
-            made.push((h, mapped.is_ok()));
-            if let Err(e) = mapped {
-                result = Err(e);
-                break;
-            }
+/// The time of each call of one phase of [`CudaDevice::time_vmm_calls`], ns.
+#[derive(Default)]
+struct CallTimes {
+    create: Vec<u64>,
+    map: Vec<u64>,
+    access: Vec<u64>,
+    unmap: Vec<u64>,
+    release: Vec<u64>,
+}
+
+/// Runs `call`, pushing its time onto `times`.
+fn timed(times: &mut Vec<u64>, call: impl FnOnce() -> sys::CUresult) -> sys::CUresult {
+    let t = Instant::now();
+    let r = call();
+    times.push(t.elapsed().as_nanos() as u64);
+    r
+}
+
+/// Creates and maps `n` handles of `handle` bytes one after another from `base` (unmapped, in
+/// the caller's reservation, its context current), granting each its own access when `desc` is
+/// Some; every call timed into `t`. Returns the handles made, how many of them are mapped, and
+/// the first failure (where it stopped).
+fn map_timed(
+    base: sys::CUdeviceptr,
+    handle: u64,
+    n: usize,
+    prop: &sys::CUmemAllocationProp,
+    desc: Option<&sys::CUmemAccessDesc>,
+    t: &mut CallTimes,
+) -> (Vec<sys::CUmemGenericAllocationHandle>, usize, Result<(), DeviceError>) {
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
+        let va = base + (i as u64) * handle;
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `h` and `prop` are live; the context is current (the caller's contract).
+        let r = timed(&mut t.create, || unsafe {
+            sys::cuMemCreate(&mut h, handle as usize, prop, 0)
+        });
+        if let Err(e) = check("cuMemCreate", r) {
+            return (handles, i, Err(e));
         }
-        let mut grant_ns = 0;
-        if result.is_ok() {
-            let t = Instant::now();
-            // SAFETY: every handle of `base..base + n * handle` was just mapped; `desc` is live.
-            result = check("cuMemSetAccess", unsafe {
-                sys::cuMemSetAccess(base, handle as usize * n, desc, 1)
+        handles.push(h);
+        // SAFETY: `va..va+handle` lies in the caller's reservation, unmapped; `h` is a handle
+        // of exactly `handle` bytes that we hold.
+        let r = timed(&mut t.map, || unsafe { sys::cuMemMap(va, handle as usize, 0, h, 0) });
+        if let Err(e) = check("cuMemMap", r) {
+            return (handles, i, Err(e));
+        }
+        if let Some(desc) = desc {
+            // SAFETY: `va..va+handle` was just mapped; `desc` is one live descriptor.
+            let r = timed(&mut t.access, || unsafe {
+                sys::cuMemSetAccess(va, handle as usize, desc, 1)
             });
-            grant_ns = t.elapsed().as_nanos() as u64;
-        }
-        for (i, &(h, mapped)) in made.iter().enumerate() {
-            if mapped {
-                // SAFETY: mapped above at this address; nothing was queued on it.
-                let r = check("cuMemUnmap", unsafe {
-                    sys::cuMemUnmap(base + (i as u64) * handle, handle as usize)
-                });
-                result = result.and(r);
+            if let Err(e) = check("cuMemSetAccess", r) {
+                return (handles, i + 1, Err(e));
             }
-            // SAFETY: our reference from cuMemCreate, unmapped now.
-            result = result.and(check("cuMemRelease", unsafe { sys::cuMemRelease(h) }));
         }
-        result.map(|()| grant_ns)
     }
+    (handles, n, Ok(()))
+}
+
+/// Unmaps the first `mapped` of `handles` (mapped one after another from `base`, nothing queued
+/// on them) and releases every one, timed into `t`; the first failure, after trying them all.
+fn give_back_timed(
+    base: sys::CUdeviceptr,
+    handle: u64,
+    handles: &[sys::CUmemGenericAllocationHandle],
+    mapped: usize,
+    t: &mut CallTimes,
+) -> Result<(), DeviceError> {
+    let mut result = Ok(());
+    for (i, &h) in handles.iter().enumerate() {
+        if i < mapped {
+            let va = base + (i as u64) * handle;
+            // SAFETY: mapped at this address by `map_timed`, nothing queued on it.
+            let r = timed(&mut t.unmap, || unsafe { sys::cuMemUnmap(va, handle as usize) });
+            result = result.and(check("cuMemUnmap", r));
+        }
+        // SAFETY: our reference from cuMemCreate, unmapped now: its memory goes back.
+        let r = timed(&mut t.release, || unsafe { sys::cuMemRelease(h) });
+        result = result.and(check("cuMemRelease", r));
+    }
+    result
 }

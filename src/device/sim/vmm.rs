@@ -105,12 +105,12 @@ impl VirtualMemory for SimDevice {
         // A retained handle per handle (cuMemRetainAllocationHandle: no price of its own), each
         // mapped, and one access grant for the run, priced by the handles it covers.
         let second: Vec<(DevicePtr, u64)> = handles.map(|(&h, &len)| (ptr + (h - src), len)).collect();
-        let access = second.iter().map(|&(_, len)| self.cost.vmm.set_access_ns.ns(len)).sum();
+        let access = self.cost.vmm.set_access_ns.total(second.iter().map(|&(_, len)| len));
         let n = second.len() as u64;
         self.admit(&mut s, bytes, 0)?;
         s.alias_handles.extend(second);
         s.stats.ops.map.charge(n, self.cost.vmm.map_ns);
-        s.stats.ops.set_access.charge(1, access);
+        s.stats.ops.set_access.charge_total(1, access);
         for o in pages {
             let phys = s.mapped_pages[&(src + o)];
             *s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page") += 1;
@@ -144,7 +144,7 @@ impl VirtualMemory for SimDevice {
             || ptr % page != 0
             || src % page != 0
             || src_mapped < bytes
-            || Self::splits_a_handle(&s, src, end)
+            || Self::splits_a_mapping(&s.handles, src, end)
             || pages.clone().any(|o| s.mapped_pages.contains_key(&(ptr + o)))
             // First mappings with no second one: the page's own name, one reference.
             || pages.clone().any(|o| {
@@ -166,15 +166,11 @@ impl VirtualMemory for SimDevice {
         }
         s.reservations.get_mut(&src_base).expect("found above").1 -= bytes;
         s.reservations.get_mut(&dst_base).expect("found above").1 += bytes;
-        let n = starts.len() as u64;
-        let v = &self.cost.vmm;
+        let (v, n) = (&self.cost.vmm, starts.len() as u64);
+        let lens = || starts.iter().map(|&(_, len)| len);
         s.stats.ops.map.charge(n, v.map_ns);
-        s.stats
-            .ops
-            .set_access
-            .charge(1, starts.iter().map(|&(_, len)| v.set_access_ns.ns(len)).sum());
-        let unmap = starts.iter().map(|&(_, len)| v.unmap_ns.ns(len)).sum();
-        s.stats.ops.unmap.charge_total(n, unmap);
+        s.stats.ops.set_access.charge_total(1, v.set_access_ns.total(lens()));
+        s.stats.ops.unmap.charge_total(n, v.unmap_ns.total(lens()));
         Ok(())
     }
 
@@ -236,14 +232,9 @@ impl SimDevice {
         Ok(())
     }
 
-    /// Some handle is mapped partly inside `start..end` and partly outside it (cuMemUnmap and
-    /// cuMemMap take whole handles only).
-    fn splits_a_handle(s: &State, start: DevicePtr, end: DevicePtr) -> bool {
-        Self::splits_a_mapping(&s.handles, start, end)
-    }
-
-    /// Some mapping of `mappings` (start -> bytes) lies partly inside `start..end` and partly
-    /// outside it.
+    /// Some mapping of `mappings` (start -> bytes: `handles` or `alias_handles`) lies partly
+    /// inside `start..end` and partly outside it (cuMemUnmap and cuMemMap take whole handles
+    /// only).
     fn splits_a_mapping(
         mappings: &std::collections::BTreeMap<DevicePtr, u64>,
         start: DevicePtr,
@@ -283,7 +274,6 @@ impl SimDevice {
         for (h, _) in &starts {
             map.remove(h);
         }
-        let sizes: Vec<u64> = starts.into_iter().map(|(_, len)| len).collect();
         let mut freed = 0;
         for p in (ptr..ptr + bytes).step_by(page as usize) {
             let phys = s.mapped_pages.remove(&p).expect("checked above");
@@ -298,15 +288,10 @@ impl SimDevice {
         s.reservations.get_mut(&base).expect("found above").1 -= bytes;
         s.stats.driver_frees += 1;
         s.stats.allocated_bytes -= freed;
-        let (v, n) = (&self.cost.vmm, sizes.len() as u64);
-        s.stats
-            .ops
-            .unmap
-            .charge_total(n, sizes.iter().map(|&len| v.unmap_ns.ns(len)).sum());
-        s.stats
-            .ops
-            .release
-            .charge_total(n, sizes.iter().map(|&len| v.release_ns.ns(len)).sum());
+        let (v, n) = (&self.cost.vmm, starts.len() as u64);
+        let lens = || starts.iter().map(|&(_, len)| len);
+        s.stats.ops.unmap.charge_total(n, v.unmap_ns.total(lens()));
+        s.stats.ops.release.charge_total(n, v.release_ns.total(lens()));
         Ok(())
     }
 }
