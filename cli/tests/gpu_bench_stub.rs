@@ -49,6 +49,14 @@ fn gpu_bench_runs_on_a_stub_libcuda() {
     // Every per-handle price is a curve over the sizes measured; the access grant is the one
     // over a run of handles, per handle.
     assert!(written.contains("2MiB run grant"), "{written}");
+    // The run grant's price by run length, with none and with 4 other handles mapped (quick).
+    for line in [
+        "Run grants of 2MiB handles",
+        "#       0 others mapped: 1: ",
+        "#       4 others mapped: 1: ",
+    ] {
+        assert!(written.contains(line), "{line:?} missing:\n{written}");
+    }
     let v = &model.vmm;
     for curve in [&v.create_ns, &v.set_access_ns, &v.unmap_ns, &v.release_ns] {
         let sizes: Vec<u64> = curve.points.iter().map(|p| p.0.0).collect();

@@ -350,24 +350,9 @@ impl CudaDevice {
     /// median of each. Everything it made is given back, on failure too. Errors when the device
     /// has no virtual memory management or `handle` is off the granule.
     pub fn time_vmm_calls(&self, handle: u64, n: usize) -> Result<VmmTimings, DeviceError> {
-        let Some(page) = self.vmm_page else {
-            return Err(DeviceError::Driver {
-                call: "cuDeviceGetAttribute",
-                code: "no virtual memory management on this device (or ADAPTALLOC_CUDA_VMM=0)".into(),
-            });
-        };
-        if handle == 0 || handle % page != 0 || n == 0 {
-            return Err(DeviceError::Driver {
-                call: "cuMemCreate",
-                code: format!("a handle of {handle} bytes is not a multiple of the {page}-byte granule"),
-            });
-        }
+        let page = self.timing_page(handle, n)?;
         let _current = self.make_current()?;
-        let prop = allocation_prop(self.ordinal());
-        let desc = sys::CUmemAccessDesc {
-            location: prop.location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
+        let (prop, desc) = props_and_access(self.ordinal());
         let total = handle as usize * n;
         let mut base: sys::CUdeviceptr = 0;
         let t = Instant::now();
@@ -429,6 +414,132 @@ impl CudaDevice {
         ];
         Ok(out)
     }
+}
+
+impl CudaDevice {
+    /// What one cuMemSetAccess over a run of freshly mapped handles of `handle` bytes costs a
+    /// handle, by the run's length and by how many other handles the process has mapped and
+    /// granted: for each of `backgrounds` (others mapped first, granted one by one, in a
+    /// reservation of their own) and each of `runs`, the median over `reps` runs of the time of
+    /// the one grant divided by the run's length. Returns (others mapped, run length, ns a
+    /// handle). Runs or backgrounds over a quarter of the free memory are left out. Everything
+    /// it made is given back, on failure too.
+    pub fn time_run_grants(
+        &self,
+        handle: u64,
+        runs: &[usize],
+        backgrounds: &[usize],
+        reps: usize,
+    ) -> Result<Vec<(usize, usize, u64)>, DeviceError> {
+        let page = self.timing_page(handle, reps)?;
+        let _current = self.make_current()?;
+        let (prop, desc) = props_and_access(self.ordinal());
+        let room = crate::device::Device::mem_info(self).map(|m| m.free / 4).unwrap_or(0);
+        let mut out = Vec::new();
+        for &others in backgrounds.iter().filter(|&&b| b as u64 * handle <= room) {
+            // The others: mapped and granted one by one, held while the runs are timed.
+            let (bg, bg_handles, bg_mapped, mut result) = if others == 0 {
+                (0, Vec::new(), 0, Ok(()))
+            } else {
+                let base = reserve_range(others as u64 * handle, page)?;
+                let (h, m, r) = map_timed(base, handle, others, &prop, Some(&desc), &mut CallTimes::default());
+                (base, h, m, r)
+            };
+            for &n in runs.iter().filter(|&&n| n as u64 * handle <= room) {
+                if result.is_err() {
+                    break;
+                }
+                let mut per = Vec::with_capacity(reps);
+                for _ in 0..reps {
+                    let base = match reserve_range(n as u64 * handle, page) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    };
+                    let mut t = CallTimes::default();
+                    let (handles, mapped, mut run) = map_timed(base, handle, n, &prop, None, &mut t);
+                    if run.is_ok() {
+                        let t0 = Instant::now();
+                        // SAFETY: every handle of `base..base + n * handle` was just mapped;
+                        // `desc` is one live descriptor.
+                        run = check("cuMemSetAccess", unsafe {
+                            sys::cuMemSetAccess(base, n * handle as usize, &desc, 1)
+                        });
+                        per.push(t0.elapsed().as_nanos() as u64 / n as u64);
+                    }
+                    run = run.and(give_back_timed(base, handle, &handles, mapped, &mut t));
+                    // SAFETY: our reservation, every handle in it unmapped above.
+                    run = run.and(check("cuMemAddressFree", unsafe {
+                        sys::cuMemAddressFree(base, n * handle as usize)
+                    }));
+                    if let Err(e) = run {
+                        result = Err(e);
+                        break;
+                    }
+                }
+                if !per.is_empty() {
+                    out.push((others, n, median(&mut per)));
+                }
+            }
+            if others > 0 {
+                result = result.and(give_back_timed(
+                    bg,
+                    handle,
+                    &bg_handles,
+                    bg_mapped,
+                    &mut CallTimes::default(),
+                ));
+                // SAFETY: our reservation, every handle in it unmapped above.
+                result = result.and(check("cuMemAddressFree", unsafe {
+                    sys::cuMemAddressFree(bg, others * handle as usize)
+                }));
+            }
+            result?;
+        }
+        Ok(out)
+    }
+}
+
+impl CudaDevice {
+    /// The device's page, for timing handles of `handle` bytes `n` times: an error where the
+    /// device has no virtual memory management, `handle` is off the granule or `n` is 0.
+    fn timing_page(&self, handle: u64, n: usize) -> Result<u64, DeviceError> {
+        let Some(page) = self.vmm_page else {
+            return Err(DeviceError::Driver {
+                call: "cuDeviceGetAttribute",
+                code: "no virtual memory management on this device (or ADAPTALLOC_CUDA_VMM=0)".into(),
+            });
+        };
+        if handle == 0 || handle % page != 0 || n == 0 {
+            return Err(DeviceError::Driver {
+                call: "cuMemCreate",
+                code: format!("a handle of {handle} bytes is not a multiple of the {page}-byte granule"),
+            });
+        }
+        Ok(page)
+    }
+}
+
+/// The allocation properties of a pinned handle on device `ordinal`, and read-write access to it.
+fn props_and_access(ordinal: i32) -> (sys::CUmemAllocationProp, sys::CUmemAccessDesc) {
+    let prop = allocation_prop(ordinal);
+    let desc = sys::CUmemAccessDesc {
+        location: prop.location,
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    (prop, desc)
+}
+
+/// Reserves `bytes` of address space aligned to `page` (the context current).
+fn reserve_range(bytes: u64, page: u64) -> Result<sys::CUdeviceptr, DeviceError> {
+    let mut base: sys::CUdeviceptr = 0;
+    // SAFETY: `base` is a live local; address space only.
+    check("cuMemAddressReserve", unsafe {
+        sys::cuMemAddressReserve(&mut base, bytes as usize, page as usize, 0, 0)
+    })?;
+    Ok(base)
 }
 
 /// The time of each call of one phase of [`CudaDevice::time_vmm_calls`], ns.

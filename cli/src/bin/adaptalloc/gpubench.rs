@@ -265,6 +265,34 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
             t.samples[0].1.len()
         );
     }
+    // How a run grant's price a handle moves with the run's length and with the handles the
+    // process already holds mapped (a workload's grants come late in a run, with thousands
+    // mapped): the set access price above is one number a handle, measured with none held.
+    let (runs, others, reps): (&[usize], &[usize], usize) = if quick {
+        (&[1, 4], &[0, 4], 1)
+    } else {
+        (&[1, 16, 64, 256, 1024], &[0, 1024, 4096], 3)
+    };
+    let grants = cuda
+        .time_run_grants(page, runs, others, reps)
+        .context("timing run grants")?;
+    if !grants.is_empty() {
+        let _ = writeln!(
+            table,
+            "# Run grants of {} handles, ns a handle (median of {reps}), by run length, with other handles mapped:",
+            ByteSize(page)
+        );
+        for &o in others {
+            let row: Vec<String> = grants
+                .iter()
+                .filter(|g| g.0 == o)
+                .map(|&(_, n, ns)| format!("{n}: {ns}"))
+                .collect();
+            if !row.is_empty() {
+                let _ = writeln!(table, "#   {o:>5} others mapped: {}", row.join(", "));
+            }
+        }
+    }
     // A price by handle size: the medians at every size measured.
     let curve = |price: fn(&VmmTimings) -> u64| {
         let points: Vec<String> = measured
