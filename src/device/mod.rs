@@ -10,6 +10,9 @@ mod cuda;
 // Virtual memory management on CUDA (FFI as above).
 #[allow(unsafe_code)]
 mod cuda_vmm;
+// Timing the virtual-memory calls for gpu-bench's calibration (FFI as above).
+#[allow(unsafe_code)]
+mod cuda_calibrate;
 // CUDA's stream-ordered pool, its driver calls (FFI as above).
 #[allow(unsafe_code)]
 mod cuda_pool;
@@ -23,8 +26,8 @@ mod sim_capture;
 
 pub use cost::{CostCurve, CostModel, VmmCosts};
 pub use cuda::CudaDevice;
+pub use cuda_calibrate::VmmTimings;
 pub use cuda_pool::CudaPool;
-pub use cuda_vmm::VmmTimings;
 pub(crate) use metered::Metered;
 pub use ops::{DriverOps, OpTally, PoolCall};
 pub use sim::{FaultPlan, Granularity, LeakReport, SimDevice, SimDeviceBuilder, TenantAction};
