@@ -135,6 +135,14 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     // pressure (the retired `bounds.pressure_max_idle = 0`) cost every pass near the
     // capacity: at 1.1x passthrough's minimum, 211 ms a pass summed over 17 workloads against
     // 177, with the same robustness grid and co-tenant tables.
+    //
+    // The headroom is kept free before anyone asks, not given back once others are seen to
+    // grow: releasing under it only as far as others had taken memory since their least (the
+    // device's used memory less ours) cut 1.1x's steady state from 200.7 to 28.7 ms a pass (43.9
+    // to 9.8 under vmm-fast.toml, 72.1 to 12.9 at the H200's prices), but a process or library
+    // that allocates unannounced (NCCL's buffers, a co-tenant) must find the memory free at that
+    // instant: under `--policy multi-tenant` the co-tenant table's refused takes went from 0 / 0
+    // / 0 / 0 to 2 / 7 / 1 / 1 (1.5x and 2x, half and all of the slack).
     let pressure = s.free < lim.low_watermark;
     let floor = lim.headroom.max(lim.low_watermark);
     // Memory left to other processes is memory they can take: pages inside slabs in use count
