@@ -147,9 +147,10 @@ pub struct VmmCosts {
     #[serde(deserialize_with = "price")]
     pub map_ns: u64,
     /// cuMemSetAccess, one device, for each handle the call covers, by handle size (a number:
-    /// the same for every size): one call grants a whole mapped run, and its time grows with
-    /// the handles in it (measured on an H200: 35 us a 2 MiB page over runs of about 144 pages;
-    /// one handle alone 33 us at 2 MiB, 90 us at 1 GiB).
+    /// the same for every size): one call grants a whole mapped run, and its time is about
+    /// the same a handle whatever the run's length (measured on an H200: 23-36 us a 2 MiB
+    /// handle over runs of 1 to 1,024, with up to 4,096 others mapped; one handle alone 33 us
+    /// at 2 MiB, 90 us at 1 GiB).
     #[serde(deserialize_with = "flat_or_curve")]
     pub set_access_ns: CostCurve,
     /// cuMemUnmap of one mapping (host-synchronous), by handle size (a number: the same for

@@ -56,13 +56,9 @@ impl CudaDevice {
         let page = self.timing_page(handle, n)?;
         let _current = self.make_current()?;
         let (prop, desc) = props_and_access(self.ordinal());
-        let total = handle as usize * n;
-        let mut base: sys::CUdeviceptr = 0;
+        let total = handle * n as u64;
         let t = Instant::now();
-        // SAFETY: `base` is a live local; address space only.
-        check("cuMemAddressReserve", unsafe {
-            sys::cuMemAddressReserve(&mut base, total, page as usize, 0, 0)
-        })?;
+        let base = reserve_range(total, page)?;
         let mut out = VmmTimings {
             reserve_ns: t.elapsed().as_nanos() as u64,
             ..Default::default()
@@ -81,19 +77,12 @@ impl CudaDevice {
         // workload's mapping pays: CudaDevice's way, and PyTorch's expandable segments'), per
         // handle.
         if result.is_ok() {
-            let mut t2 = CallTimes::default();
-            let (handles, mapped, mut run) = map_timed(base, handle, n, &prop, None, &mut t2);
-            if run.is_ok() {
-                let t = Instant::now();
-                // SAFETY: every handle of `base..base + n * handle` was just mapped; `desc` is live.
-                run = check("cuMemSetAccess", unsafe { sys::cuMemSetAccess(base, total, &desc, 1) });
-                out.run_access_ns = t.elapsed().as_nanos() as u64 / n as u64;
-            }
-            result = run.and(give_back_timed(base, handle, &handles, mapped, &mut t2));
+            let (ns, run) = run_grant(base, handle, n, &prop, &desc);
+            out.run_access_ns = ns.unwrap_or(0);
+            result = run;
         }
         let t = Instant::now();
-        // SAFETY: our reservation, with every handle in it unmapped above.
-        let freed = check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(base, total) });
+        let freed = free_range(base, total);
         out.unreserve_ns = t.elapsed().as_nanos() as u64;
         result.and(freed)?;
         let CallTimes {
@@ -117,9 +106,7 @@ impl CudaDevice {
         ];
         Ok(out)
     }
-}
 
-impl CudaDevice {
     /// What one cuMemSetAccess over a run of freshly mapped handles of `handle` bytes costs a
     /// handle, by the run's length and by how many other handles the process has mapped and
     /// granted: for each of `backgrounds` (others mapped first, granted one by one, in a
@@ -152,31 +139,14 @@ impl CudaDevice {
                 if result.is_err() {
                     break;
                 }
+                let bytes = n as u64 * handle;
                 let mut per = Vec::with_capacity(reps);
                 for _ in 0..reps {
-                    let base = match reserve_range(n as u64 * handle, page) {
-                        Ok(b) => b,
-                        Err(e) => {
-                            result = Err(e);
-                            break;
-                        }
-                    };
-                    let mut t = CallTimes::default();
-                    let (handles, mapped, mut run) = map_timed(base, handle, n, &prop, None, &mut t);
-                    if run.is_ok() {
-                        let t0 = Instant::now();
-                        // SAFETY: every handle of `base..base + n * handle` was just mapped;
-                        // `desc` is one live descriptor.
-                        run = check("cuMemSetAccess", unsafe {
-                            sys::cuMemSetAccess(base, n * handle as usize, &desc, 1)
-                        });
-                        per.push(t0.elapsed().as_nanos() as u64 / n as u64);
-                    }
-                    run = run.and(give_back_timed(base, handle, &handles, mapped, &mut t));
-                    // SAFETY: our reservation, every handle in it unmapped above.
-                    run = run.and(check("cuMemAddressFree", unsafe {
-                        sys::cuMemAddressFree(base, n * handle as usize)
-                    }));
+                    let run = reserve_range(bytes, page).and_then(|base| {
+                        let (ns, run) = run_grant(base, handle, n, &prop, &desc);
+                        per.extend(ns);
+                        run.and(free_range(base, bytes))
+                    });
                     if let Err(e) = run {
                         result = Err(e);
                         break;
@@ -194,18 +164,13 @@ impl CudaDevice {
                     bg_mapped,
                     &mut CallTimes::default(),
                 ));
-                // SAFETY: our reservation, every handle in it unmapped above.
-                result = result.and(check("cuMemAddressFree", unsafe {
-                    sys::cuMemAddressFree(bg, others * handle as usize)
-                }));
+                result = result.and(free_range(bg, others as u64 * handle));
             }
             result?;
         }
         Ok(out)
     }
-}
 
-impl CudaDevice {
     /// The device's page, for timing handles of `handle` bytes `n` times: an error where the
     /// device has no virtual memory management, `handle` is off the granule or `n` is 0.
     fn timing_page(&self, handle: u64, n: usize) -> Result<u64, DeviceError> {
@@ -243,6 +208,39 @@ fn reserve_range(bytes: u64, page: u64) -> Result<sys::CUdeviceptr, DeviceError>
         sys::cuMemAddressReserve(&mut base, bytes as usize, page as usize, 0, 0)
     })?;
     Ok(base)
+}
+
+/// Gives back the reservation `base..base + bytes` (every handle in it unmapped).
+fn free_range(base: sys::CUdeviceptr, bytes: u64) -> Result<(), DeviceError> {
+    // SAFETY: the caller's reservation, with nothing mapped in it.
+    check("cuMemAddressFree", unsafe {
+        sys::cuMemAddressFree(base, bytes as usize)
+    })
+}
+
+/// Maps `n` fresh handles of `handle` bytes from `base` (unmapped, in the caller's reservation,
+/// its context current) without grants, times one cuMemSetAccess over them all, and gives them
+/// back: the grant's time a handle (None where mapping failed first), and the first failure.
+fn run_grant(
+    base: sys::CUdeviceptr,
+    handle: u64,
+    n: usize,
+    prop: &sys::CUmemAllocationProp,
+    desc: &sys::CUmemAccessDesc,
+) -> (Option<u64>, Result<(), DeviceError>) {
+    let mut t = CallTimes::default();
+    let (handles, mapped, mut run) = map_timed(base, handle, n, prop, None, &mut t);
+    let mut ns = None;
+    if run.is_ok() {
+        let t0 = Instant::now();
+        // SAFETY: every handle of `base..base + n * handle` was just mapped; `desc` is one live
+        // descriptor.
+        run = check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(base, n * handle as usize, desc, 1)
+        });
+        ns = Some(t0.elapsed().as_nanos() as u64 / n as u64);
+    }
+    (ns, run.and(give_back_timed(base, handle, &handles, mapped, &mut t)))
 }
 
 /// The time of each call of one phase of [`CudaDevice::time_vmm_calls`], ns.
