@@ -403,6 +403,7 @@ impl Allocator {
 
     /// Frees a pointer from [`allocate_raw`](Allocator::allocate_raw) on the stream it was
     /// allocated on. Unknown, already freed, or other-stream pointers are errors that change nothing.
+    #[inline]
     pub fn deallocate(&self, ptr: DevicePtr, stream: StreamId) -> Result<(), AllocError> {
         self.shared.deallocate(ptr, stream)
     }
