@@ -8,6 +8,8 @@
 #   gpu-bench.md         the bundled workloads replayed through the driver by every allocator
 #   gpu-bench-traces.md  the same for DIR/traces/*.csv, as far as the time allowed
 #   step-ab.md           the training loop under PyTorch's allocator and adaptalloc, in pairs
+#   trace-replay.md      DIR/traces/*.csv through PyTorch's allocators and adaptalloc: first pass,
+#                        later passes, physical allocations and frees (and trace-replay.json)
 #   report.md            adaptalloc's tuning report after its last training loop
 #
 #   scripts/gpu-run.sh DIR [OUT] [SECONDS]
@@ -62,6 +64,13 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     cp -r python/adaptalloc "$pkg/"
     cp "$bin/_native.abi3.so" "$pkg/adaptalloc/_native.abi3.so"
     step "torch hooks" 180 env PYTHONPATH="$pkg" python3 python/gpu_hooks_check.py
+    if ls "$dir"/traces/*.csv >/dev/null 2>&1; then
+        # Issue 24's yardstick measured: each trace through PyTorch's allocators and adaptalloc,
+        # first pass and later passes (python/gpu_trace_replay.py), smallest first.
+        step "torch trace replay" 300 env PYTHONPATH="$pkg" python3 python/gpu_trace_replay.py \
+            $(ls -Sr "$dir"/traces/*.csv) --passes 5 --seconds 270 --timeout 50 \
+            --out "$out/trace-replay.md" --json "$out/trace-replay.json"
+    fi
 else
     summary+="torch checks                 not run: no python3 with torch and a GPU"$'\n'
 fi
