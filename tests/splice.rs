@@ -305,3 +305,41 @@ fn a_spliced_block_counts_its_own_footprint_not_its_parts() {
     let rest = live.iter().map(|&(p, _)| p).chain([spliced]);
     free_all_leaves_nothing(alloc, &dev, rest.collect::<Vec<_>>());
 }
+
+/// The largest free page end and the largest free page start can be the two ends of one free
+/// node, which one block cannot take both of: the splice then pairs each with the runner-up of
+/// the other kind from another node, where that holds more than the larger end alone.
+#[test]
+fn a_splice_pairs_ends_of_different_nodes_when_the_largest_share_one() {
+    let dev = Arc::new(SimDevice::new(8 * PAGE));
+    let alloc = paged_slabs(&dev, 4 * PAGE, 4 * PAGE);
+    // Two four-page slabs filled with 128 KiB blocks, in address order.
+    let fill = |alloc: &Allocator| -> Vec<DevicePtr> {
+        let b: Vec<DevicePtr> = (0..64).map(|_| alloc.allocate_raw(128 * KIB, 0).unwrap()).collect();
+        assert!(b.windows(2).all(|w| w[1] == w[0] + 128 * KIB), "one slab, in order");
+        b
+    };
+    let (s, t) = (fill(&alloc), fill(&alloc));
+    // Slab S keeps its first 1.5 MiB and its last 1.75 MiB: the free node between starts with
+    // a 0.5 MiB free end of page 0 and ends with a 0.25 MiB free start of page 3. Slab T keeps
+    // its first 1.625 MiB: a 0.375 MiB free end of its page 0.
+    let kept: Vec<DevicePtr> = s[..12].iter().chain(&s[50..]).chain(&t[..13]).copied().collect();
+    for &p in s[12..50].iter().chain(&t[13..]) {
+        alloc.deallocate(p, 0).unwrap();
+    }
+    alloc.release_idle();
+    let held = alloc.stats().reserved_bytes.current;
+    assert_eq!(held, 3 * PAGE, "pages no live block touches went back");
+    dev.tenant_take(1, free_bytes(&dev)).unwrap();
+    // 576 KiB fits no hole, and the device has no byte left. S's free end alone (0.5 MiB) would
+    // need a fresh page; T's free end and S's free start (0.625 MiB) need none.
+    let z = alloc
+        .allocate_raw(576 * KIB, 0)
+        .expect("spliced from T's free end and S's free start");
+    assert!(dev.is_backed(z, 576 * KIB));
+    assert_eq!(alloc.stats().reserved_bytes.current, held, "no new memory");
+    let mut ranges: Vec<(DevicePtr, u64)> = kept.iter().map(|&p| (p, 128 * KIB)).collect();
+    ranges.push((z, 576 * KIB));
+    assert_disjoint(&ranges);
+    free_all_leaves_nothing(alloc, &dev, ranges.into_iter().map(|(p, _)| p));
+}

@@ -160,10 +160,12 @@ impl Suballoc {
         }
     }
 
-    /// The largest free tail and the largest free head of held handles usable by `stream`,
-    /// from different nodes.
+    /// The free tail and the free head of held handles usable by `stream`, from different nodes,
+    /// that hold the most together: the largest of each, or where both are ends of one node, the
+    /// better of each with the runner-up of the other (or the larger alone).
     fn largest_free_ends(&self, page: u64, stream: StreamId) -> (Option<End>, Option<End>) {
-        let (mut tail, mut head): (Option<End>, Option<End>) = (None, None);
+        // The two largest of each; a node has at most one free tail and one free head.
+        let (mut tails, mut heads): ([Option<End>; 2], [Option<End>; 2]) = ([None; 2], [None; 2]);
         for (i, n) in self.nodes.iter_all().enumerate() {
             if n.slab == NIL || !self.free_for(n, stream) {
                 continue;
@@ -182,41 +184,48 @@ impl Suballoc {
             // The handle the node starts in, if the node runs to its end: a free tail.
             if let Some((first, pages)) = pm.live_handle_at((start / page) as usize) {
                 let (h_start, h_end) = (first as u64 * page, (first + pages) as u64 * page);
-                let len = h_end - start;
-                if start > h_start && end >= h_end && tail.is_none_or(|t| len > t.len) {
-                    tail = Some(End {
-                        node: i as u32,
-                        page: slab_base + h_start,
-                        handle: h_end - h_start,
-                        len,
-                    });
+                if start > h_start && end >= h_end {
+                    keep_two(
+                        &mut tails,
+                        End {
+                            node: i as u32,
+                            page: slab_base + h_start,
+                            handle: h_end - h_start,
+                            len: h_end - start,
+                        },
+                    );
                 }
             }
             // The handle the node ends in, if the node starts at or before its start: a free head.
             if let Some((first, pages)) = pm.live_handle_at(((end - 1) / page) as usize) {
                 let (h_start, h_end) = (first as u64 * page, (first + pages) as u64 * page);
-                let len = end - h_start;
-                if end < h_end && start <= h_start && head.is_none_or(|h| len > h.len) {
-                    head = Some(End {
-                        node: i as u32,
-                        page: slab_base + h_start,
-                        handle: h_end - h_start,
-                        len,
-                    });
+                if end < h_end && start <= h_start {
+                    keep_two(
+                        &mut heads,
+                        End {
+                            node: i as u32,
+                            page: slab_base + h_start,
+                            handle: h_end - h_start,
+                            len: end - h_start,
+                        },
+                    );
                 }
             }
         }
-        if let (Some(t), Some(h)) = (tail, head)
-            && t.node == h.node
-        {
-            // One node with held pages at both ends: use the longer end only.
-            return if t.len >= h.len {
-                (Some(t), None)
-            } else {
-                (None, Some(h))
-            };
+        let ([t1, t2], [h1, h2]) = (tails, heads);
+        let (Some(t), Some(h)) = (t1, h1) else {
+            return (t1, h1);
+        };
+        if t.node != h.node {
+            return (t1, h1);
         }
-        (tail, head)
+        // One node with held pages at both ends: the block cannot take both (they are one free
+        // node). The best pair of different nodes, or the longer end alone.
+        let len = |e: Option<End>| e.map_or(0, |e| e.len);
+        [(t1, h2), (t2, h1), (t1, None), (None, h1)]
+            .into_iter()
+            .max_by_key(|&(t, h)| len(t) + len(h))
+            .expect("four candidates")
     }
 
     /// Maps a splice's range at `base`: the tail's handle again, `fresh` bytes of new pages,
@@ -268,6 +277,17 @@ impl Suballoc {
 /// The splice of `bytes` over free ends of `tail` and `head` bytes that needs the fewest fresh
 /// pages (then the fewest second mappings), or None when no free end helps. The fresh pages are
 /// filled first; the ends take only the rest, leaving what they can to their slabs.
+/// Keeps the two longest ends in `best`, longest first.
+fn keep_two(best: &mut [Option<End>; 2], e: End) {
+    let len = |b: &Option<End>| b.map_or(0, |b| b.len);
+    if e.len > len(&best[0]) {
+        best[1] = best[0];
+        best[0] = Some(e);
+    } else if e.len > len(&best[1]) {
+        best[1] = Some(e);
+    }
+}
+
 fn plan(bytes: u64, page: u64, tail: u64, head: u64) -> Option<Plan> {
     let fresh_for = |end: u64| (bytes - end.min(bytes)).div_ceil(page);
     let mut options = Vec::with_capacity(3);
