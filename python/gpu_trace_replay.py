@@ -24,8 +24,9 @@ installs it; otherwise from target/release/libadaptalloc.so's map and unmap call
 handles mapped at once counts one), marked so in the report.
 
 Trace CSV: op,timestamp_ns,ptr,size,stream (op alloc or free); frees of blocks allocated before
-the trace began are skipped. `python` mode needs no GPU and no torch (`--modes python` checks a
-trace and the loop anywhere).
+the trace began are skipped. Every event goes to the current stream (the stream column is not
+replayed: the traces of ../shared/traces use one). `python` mode needs no GPU and no torch
+(`--modes python` checks a trace and the loop anywhere).
 """
 import argparse
 import csv
@@ -183,10 +184,10 @@ def ms(ns):
 
 
 def summarize(r, base):
-    """First pass and mean later pass, ms, less the interpreter's (`base`, the python mode's run)."""
-    first = ms(r["pass_ns"][0] - (base["pass_ns"][0] if base else 0))
-    later = [ms(a - (b if base else 0)) for a, b in zip(r["pass_ns"][1:], (base or r)["pass_ns"][1:])]
-    return first, statistics.fmean(later) if later else float("nan")
+    """First pass and mean later pass, ms, less the interpreter's (`base`, the python mode's run;
+    nothing where it is missing)."""
+    own = [ms(a - b) for a, b in zip(r["pass_ns"], base["pass_ns"] if base else [0] * len(r["pass_ns"]))]
+    return own[0], statistics.fmean(own[1:]) if len(own) > 1 else float("nan")
 
 
 def markdown(results, modes, passes):
