@@ -29,8 +29,10 @@ typedef void *adaptalloc_stream_t;
 /* The ABI version: 1, the first ten fields of AdaptallocStats; 2, stream_reclaims and
  * stream_waits added; 3, adaptalloc_stats_sized and adaptalloc_abi_version added, and
  * adaptalloc_stats writing the version-1 fields only; 4, PyTorch's other hooks
- * (adaptalloc_torch_hook and the calls below it) and private pools. */
-#define ADAPTALLOC_ABI_VERSION 4
+ * (adaptalloc_torch_hook and the calls below it) and private pools; 5, driver_allocs and
+ * driver_frees count every physical handle (each cuMemCreate and cuMemRelease, not each
+ * mapping call), and vmm_calls added. */
+#define ADAPTALLOC_ABI_VERSION 5
 
 /* Statistics of one device's allocator. Fields are only ever added at the end; the version each
  * came in is marked. Fill it with adaptalloc_stats_sized(device, &s, sizeof s). */
@@ -42,6 +44,9 @@ typedef struct AdaptallocStats {
     uint64_t peak_reserved_bytes;
     uint64_t idle_bytes;
     uint64_t live_blocks;
+    /* Physical allocations and frees: cuMemAlloc calls and every handle created (cuMemCreate);
+     * cuMemFree calls and every handle reference given back (cuMemRelease). Since version 5 a
+     * handle each; before, a mapping call each. */
     uint64_t driver_allocs;
     uint64_t driver_frees;
     uint64_t failed_allocs;
@@ -50,6 +55,9 @@ typedef struct AdaptallocStats {
      * done (queried), and waits on a stream's work before failing a request. */
     uint64_t stream_reclaims;
     uint64_t stream_waits;
+    /* Version 5. Mapping calls: maps of new handles (a run mapped at once is one), moves of idle
+     * handles to where they are needed, second mappings, and their unmaps. */
+    uint64_t vmm_calls;
 } AdaptallocStats;
 
 /* Allocates size bytes on device for stream; 256-byte aligned. NULL on failure: read the

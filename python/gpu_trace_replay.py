@@ -20,8 +20,9 @@ the warm-up (the first pass less a later one) and the physical allocations and f
 (num_device_alloc + num_device_free of torch.cuda.memory_stats() and of adaptalloc.memory_stats():
 every cudaMalloc and mapped handle, every cudaFree and handle given back). adaptalloc's come from
 its package where `import adaptalloc` finds it with its extension (PYTHONPATH), which then also
-installs it; otherwise from target/release/libadaptalloc.so's map and unmap calls (a run of
-handles mapped at once counts one), marked so in the report.
+installs it; otherwise from target/release/libadaptalloc.so's own driver_allocs and driver_frees,
+which count every handle from its ABI version 5 on (an older library counted map and unmap
+calls, a run of handles mapped at once as one: such counts are marked so in the report).
 
 Trace CSV: op,timestamp_ns,ptr,size,stream (op alloc or free); frees of blocks allocated before
 the trace began are skipped. Every event goes to the current stream (the stream column is not
@@ -146,7 +147,9 @@ def child(mode, path, passes):
             def calls():
                 return package_calls(package)
         elif mode == "adaptalloc":
-            counted = "map and unmap calls"
+            from test_ctypes import load
+            if load().adaptalloc_abi_version() < 5:
+                counted = "map and unmap calls"
 
             def calls():
                 s = example_torch.adaptalloc_stats()

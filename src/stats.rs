@@ -90,10 +90,16 @@ pub struct Stats {
     /// Reserved bytes inside live blocks beyond what was asked for: size-class rounding (at most
     /// 12.5% of a cached block) and 256-byte alignment. reserved = live + idle + rounding.
     pub rounding_bytes: u64,
-    /// Driver allocations and frees made by this allocator.
+    /// Physical allocations made by this allocator: cuMemAlloc calls, and every handle created
+    /// for a mapping (cuMemCreate; a slab backed page by page creates one per 2 MiB page).
     pub driver_allocs: u64,
-    /// Driver frees made by this allocator (page unmaps included).
+    /// Physical frees made by this allocator: cuMemFree calls, and every handle given back
+    /// (cuMemRelease).
     pub driver_frees: u64,
+    /// Mapping calls made by this allocator: maps of new handles (a run mapped at once is one),
+    /// moves of idle handles to where they are needed, second mappings, and their unmaps. A
+    /// move or a second mapping creates no handle, so it is counted here and not above.
+    pub vmm_calls: u64,
     /// Out-of-memory errors on which idle memory was released and the request retried.
     pub oom_recoveries: u64,
     /// Requests that failed (typed errors returned to the caller): out of memory, driver errors,

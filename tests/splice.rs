@@ -141,6 +141,16 @@ fn free_all_leaves_nothing(alloc: Allocator, dev: &SimDevice, blocks: impl IntoI
     for p in blocks {
         alloc.deallocate(p, 0).unwrap();
     }
+    // The allocator's own counts are the device's: a second mapping creates no handle, and
+    // each of its handles' references goes back with it (tests/counts.rs for whole runs).
+    let (s, d) = (alloc.stats(), dev.stats());
+    assert_eq!(
+        s.driver_allocs + d.failed_allocs,
+        d.ops.physical_allocs(),
+        "{:?}",
+        d.ops
+    );
+    assert_eq!(s.driver_frees, d.ops.physical_frees(), "{:?}", d.ops);
     drop(alloc);
     dev.tenant_release(1);
     assert_eq!((dev.leak_report().blocks, free_bytes(dev)), (0, 8 * PAGE));

@@ -26,8 +26,9 @@ use adaptalloc_core::{AllocError, CudaDevice, DevicePtr};
 /// [`AdaptallocStats`]; 2, `stream_reclaims` and `stream_waits` added; 3,
 /// `adaptalloc_stats_sized` and `adaptalloc_abi_version`, and `adaptalloc_stats` writing the
 /// first version's fields only; 4, PyTorch's other hooks (`adaptalloc_torch_hook` and the calls
-/// it names) and private pools.
-pub const ABI_VERSION: u32 = 4;
+/// it names) and private pools; 5, `driver_allocs` and `driver_frees` count every physical
+/// handle (each cuMemCreate and cuMemRelease, not each mapping call), and `vmm_calls` added.
+pub const ABI_VERSION: u32 = 5;
 
 /// The fields of the first version of [`AdaptallocStats`]: what `adaptalloc_stats` writes, so
 /// that a caller built against any header has room for them.
@@ -49,6 +50,7 @@ pub struct AdaptallocStats {
     pub oom_recoveries: u64,
     pub stream_reclaims: u64,
     pub stream_waits: u64,
+    pub vmm_calls: u64,
 }
 
 thread_local! {
@@ -398,6 +400,7 @@ unsafe fn write_stats(call: &str, device: c_int, out: *mut u8, room: usize) -> c
         oom_recoveries: s.oom_recoveries,
         stream_reclaims: s.stream_reclaims,
         stream_waits: s.stream_waits,
+        vmm_calls: s.vmm_calls,
     };
     let field = std::mem::size_of::<u64>();
     let n = room.min(std::mem::size_of::<AdaptallocStats>()) / field * field;

@@ -43,6 +43,7 @@ _STAT_FIELDS = (
     "oom_recoveries",
     "stream_reclaims",
     "stream_waits",
+    "vmm_calls",
 )
 
 class _Stats(ctypes.Structure):

@@ -84,7 +84,7 @@ def test_the_report_subtracts_the_interpreter_and_sums_the_traces():
     assert "2.0 / 1.00 / 1.0 | 2 / 1.0" in rows["b"]
     assert "6.0 / 2.00 / 4.0" in rows["sum"]
     assert "failed" in rows["a"] and "(incomplete)" in rows["sum"]
-    # Counts of map calls (no package to count handles) are marked as such.
+    # Counts a library before ABI version 5 made (map calls, not handles) are marked as such.
     assert rows["b"].endswith("1.0 / 0.00 / 1.0 | 3 / 0.0 (map calls) |")
     assert "a under adaptalloc: RuntimeError: no GPU" in text
 

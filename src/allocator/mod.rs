@@ -2,7 +2,6 @@
 //! live pointers to their owners, and recovers from out-of-memory by releasing idle memory.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
@@ -664,8 +663,7 @@ impl Shared {
         for (i, (_, s)) in stats.per_strategy.iter_mut().enumerate() {
             *s = st.strategy_stats[i];
         }
-        stats.driver_allocs = self.device.allocs.load(Ordering::Relaxed);
-        stats.driver_frees = self.device.frees.load(Ordering::Relaxed);
+        self.device.counts_into(&mut stats);
         stats.releasable_idle_bytes = st.strategies.iter().map(Strategy::releasable_bytes).sum();
         stats.stranded_bytes = st.strategies.iter().map(Strategy::stranded_bytes).sum();
         stats.streams_remembered = st.freed_on.len() as u64;

@@ -1,7 +1,9 @@
-//! A device, metered: the allocator's view of its device, counting the driver calls that
-//! allocator makes (allocations, frees, page maps and unmaps), and holding it to a cap on the
-//! bytes it may hold (PyTorch's `set_per_process_memory_fraction`).
+//! A device, metered: the allocator's view of its device, counting what that allocator asks of
+//! the driver (physical allocations and frees, each handle of a mapping counted; the mapping
+//! calls themselves), and holding it to a cap on the bytes it may hold (PyTorch's
+//! `set_per_process_memory_fraction`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,13 +14,33 @@ use crate::error::DeviceError;
 use crate::hash::FastMap;
 use crate::size::ByteSize;
 
+/// Runs of equal handles by address, as `(bytes, handle bytes)`.
+type Runs = BTreeMap<DevicePtr, (u64, u64)>;
+
+/// The handles a [`Metered`] device has mapped: first mappings, and second mappings of them.
+#[derive(Debug, Default)]
+struct Handles {
+    first: Runs,
+    alias: Runs,
+}
+
 /// The device, metered: counts this allocator's driver calls and the bytes it holds (atomics,
-/// and a map of driver allocations' sizes, on the slow path only: driver calls).
+/// and maps of driver allocations' sizes and mapped handles, on the slow path only: driver
+/// calls).
 #[derive(Debug)]
 pub(crate) struct Metered {
     pub(crate) inner: Arc<dyn Device>,
-    pub(crate) allocs: AtomicU64,
-    pub(crate) frees: AtomicU64,
+    /// Physical allocations: cuMemAlloc calls, and every handle a mapping created (cuMemCreate).
+    allocs: AtomicU64,
+    /// Physical frees: cuMemFree calls, and every handle an unmap gave back (cuMemRelease).
+    frees: AtomicU64,
+    /// Mapping calls: maps of new handles, moves, second mappings, and their unmaps (a run of
+    /// handles mapped or unmapped at once is one).
+    vmm_calls: AtomicU64,
+    /// The handles mapped: each run of equal handles by its address, as `(bytes, handle
+    /// bytes)`, first mappings and second ones (`map_alias`) apart. An unmap counts the handles
+    /// it gives back (their references, for second mappings) from here.
+    handles: Mutex<Handles>,
     /// Bytes held from the driver: allocations plus mapped pages.
     held: AtomicU64,
     /// The size of each driver allocation (a free names only the pointer).
@@ -33,6 +55,8 @@ impl Metered {
             inner,
             allocs: AtomicU64::new(0),
             frees: AtomicU64::new(0),
+            vmm_calls: AtomicU64::new(0),
+            handles: Mutex::new(Handles::default()),
             held: AtomicU64::new(0),
             sizes: Mutex::new(FastMap::default()),
             cap: AtomicU64::new(u64::MAX),
@@ -44,6 +68,13 @@ impl Metered {
     /// as any out-of-memory does.
     pub(crate) fn set_cap(&self, cap: Option<u64>) {
         self.cap.store(cap.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Writes the counts (physical allocations and frees, mapping calls) into `stats`.
+    pub(crate) fn counts_into(&self, stats: &mut crate::Stats) {
+        stats.driver_allocs = self.allocs.load(Ordering::Relaxed);
+        stats.driver_frees = self.frees.load(Ordering::Relaxed);
+        stats.vmm_calls = self.vmm_calls.load(Ordering::Relaxed);
     }
 
     /// The cap, if one is set.
@@ -78,9 +109,9 @@ impl Device for Metered {
         r
     }
     fn free(&self, ptr: DevicePtr) -> Result<(), DeviceError> {
-        self.frees.fetch_add(1, Ordering::Relaxed);
         let r = self.inner.free(ptr);
         if r.is_ok() {
+            self.frees.fetch_add(1, Ordering::Relaxed);
             if let Some(bytes) = self.sizes.lock().remove(&ptr) {
                 self.held.fetch_sub(bytes, Ordering::Relaxed);
             }
@@ -137,17 +168,54 @@ impl Metered {
         self.inner.vmm().expect("vmm checked by the caller")
     }
 
-    /// Counts a mapping of `bytes` that succeeded as a driver allocation.
-    fn mapped(&self, bytes: u64, r: Result<(), DeviceError>) -> Result<(), DeviceError> {
-        if r.is_ok() {
-            self.allocs.fetch_add(1, Ordering::Relaxed);
+    /// Counts a mapping of new handles of `handle` bytes at `ptr..ptr+bytes` that succeeded: a
+    /// mapping call, a physical allocation per handle, the bytes held, and the handles recorded
+    /// for the unmap that gives them back.
+    fn mapped(&self, ptr: DevicePtr, bytes: u64, handle: u64, r: Result<(), DeviceError>) -> Result<(), DeviceError> {
+        self.vmm_calls.fetch_add(1, Ordering::Relaxed);
+        if r.is_ok() && bytes > 0 {
+            let handle = handle.clamp(1, bytes);
+            self.allocs.fetch_add(bytes.div_ceil(handle), Ordering::Relaxed);
             self.held.fetch_add(bytes, Ordering::Relaxed);
+            self.handles.lock().first.insert(ptr, (bytes, handle));
         }
         r
     }
 }
 
-/// Mapping and unmapping pages are driver calls too: counted like allocations and frees.
+/// Takes the runs recorded under `ptr..ptr+bytes` out of `map` (splitting runs the range covers
+/// in part) and returns them as `(address, bytes, handle bytes)`.
+fn take_runs(map: &mut Runs, ptr: DevicePtr, bytes: u64) -> Vec<(DevicePtr, u64, u64)> {
+    let end = ptr.saturating_add(bytes);
+    // The run that starts before `ptr` may reach into the range.
+    let before = map.range(..ptr).next_back().map(|(&s, _)| s);
+    let starts: Vec<DevicePtr> = before.into_iter().chain(map.range(ptr..end).map(|(&s, _)| s)).collect();
+    let mut taken = Vec::new();
+    for s in starts {
+        let Some((len, handle)) = map.remove(&s) else { continue };
+        let (a, b) = (s.max(ptr), (s + len).min(end));
+        if a >= b {
+            map.insert(s, (len, handle));
+            continue;
+        }
+        if a > s {
+            map.insert(s, (a - s, handle));
+        }
+        if b < s + len {
+            map.insert(b, (s + len - b, handle));
+        }
+        taken.push((a, b - a, handle));
+    }
+    taken
+}
+
+/// The handles in `runs`.
+fn handles_in(runs: &[(DevicePtr, u64, u64)]) -> u64 {
+    runs.iter().map(|&(_, len, handle)| len.div_ceil(handle)).sum()
+}
+
+/// Mapping and unmapping are counted as mapping calls; the handles they create and give back
+/// as physical allocations and frees; moves and second mappings create and give back none.
 impl VirtualMemory for Metered {
     fn page_size(&self) -> u64 {
         self.inner.vmm().map(|v| v.page_size()).unwrap_or(0)
@@ -160,31 +228,64 @@ impl VirtualMemory for Metered {
     }
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.admit(bytes)?;
-        self.mapped(bytes, self.vm().map(ptr, bytes))
+        let page = self.page_size();
+        self.mapped(ptr, bytes, page, self.vm().map(ptr, bytes))
     }
     fn map_handles(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
         self.admit(bytes)?;
-        self.mapped(bytes, self.vm().map_handles(ptr, bytes, handle))
+        self.mapped(ptr, bytes, handle, self.vm().map_handles(ptr, bytes, handle))
     }
+    /// A physical free for every handle given back. The record is updated whatever the driver
+    /// says: the caller forgets the range either way (an unmap that failed leaves the handles
+    /// to the driver's teardown).
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.frees.fetch_add(1, Ordering::Relaxed);
+        self.vmm_calls.fetch_add(1, Ordering::Relaxed);
         let r = self.vm().unmap(ptr, bytes);
+        let released = handles_in(&take_runs(&mut self.handles.lock().first, ptr, bytes));
         if r.is_ok() {
+            self.frees.fetch_add(released, Ordering::Relaxed);
             self.held.fetch_sub(bytes, Ordering::Relaxed);
         }
         r
     }
-    /// A second mapping of memory already held: counted as a call, holds no more bytes.
+    /// A second mapping of memory already held: a mapping call; no handle created (each is
+    /// retained, cuMemRetainAllocationHandle), no bytes.
     fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.mapped(0, self.vm().map_alias(ptr, src, bytes))
+        self.vmm_calls.fetch_add(1, Ordering::Relaxed);
+        let r = self.vm().map_alias(ptr, src, bytes);
+        if r.is_ok() {
+            // The runs under `src`, split at its ends (whole handles) and put back as they were.
+            let mut h = self.handles.lock();
+            for (at, len, handle) in take_runs(&mut h.first, src, bytes) {
+                h.first.insert(at, (len, handle));
+                h.alias.insert(at - src + ptr, (len, handle));
+            }
+        }
+        r
     }
+    /// Each retained handle's reference goes back (cuMemRelease): a physical free each, as
+    /// the driver counts them, though the memory stays mapped where it was first.
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.frees.fetch_add(1, Ordering::Relaxed);
-        self.vm().unmap_alias(ptr, bytes)
+        self.vmm_calls.fetch_add(1, Ordering::Relaxed);
+        let r = self.vm().unmap_alias(ptr, bytes);
+        let released = handles_in(&take_runs(&mut self.handles.lock().alias, ptr, bytes));
+        if r.is_ok() {
+            self.frees.fetch_add(released, Ordering::Relaxed);
+        }
+        r
     }
-    /// Memory already held, mapped elsewhere: counted as a call, holds no more bytes.
+    /// Handles already held, mapped elsewhere: a mapping call; no handle created or given back,
+    /// no more bytes held. The record follows them.
     fn move_handles(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.mapped(0, self.vm().move_handles(ptr, src, bytes))
+        self.vmm_calls.fetch_add(1, Ordering::Relaxed);
+        let r = self.vm().move_handles(ptr, src, bytes);
+        if r.is_ok() {
+            let mut h = self.handles.lock();
+            for (at, len, handle) in take_runs(&mut h.first, src, bytes) {
+                h.first.insert(at - src + ptr, (len, handle));
+            }
+        }
+        r
     }
     fn quiesce(&self) -> Result<(), DeviceError> {
         self.vm().quiesce()

@@ -32,7 +32,8 @@ pub trait ReplayTarget {
 /// What every replay target reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TargetCounters {
-    /// Driver allocations and frees so far (for adaptalloc, map and unmap calls too).
+    /// Physical allocations and frees so far (adaptalloc's: each cuMemAlloc and handle
+    /// created, each cuMemFree and handle given back).
     pub driver_allocs: u64,
     pub driver_frees: u64,
     pub oom_recoveries: u64,
