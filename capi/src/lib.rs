@@ -411,13 +411,11 @@ unsafe fn write_stats(call: &str, device: c_int, out: *mut u8, room: usize) -> c
     0
 }
 
-/// `device`'s allocator statistics and its device's driver calls by kind (one allocator per
-/// device here, so the device's calls are the allocator's); None when nothing was allocated on
-/// it yet. For the Python extension, which compiles this file in (`memory_stats`).
+/// `device`'s allocator statistics; None when nothing was allocated on it yet. For the Python
+/// extension, which compiles this file in (`memory_stats`).
 #[allow(dead_code)]
-pub(crate) fn stats_of(device: c_int) -> Option<(adaptalloc_core::Stats, adaptalloc_core::device::DeviceStats)> {
-    let a = table().get(device)?;
-    Some((a.stats(), a.device().stats()))
+pub(crate) fn stats_of(device: c_int) -> Option<adaptalloc_core::Stats> {
+    table().get(device).map(Allocator::stats)
 }
 
 /// Runs `f`, catching a panic: 0 with the last error cleared, or -1 with `call: reason` as the

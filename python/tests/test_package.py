@@ -82,6 +82,9 @@ def test_allocation_stats_reset_empty_cache_and_synchronize_on_a_simulated_devic
     assert s["reserved_bytes.all.current"] == s["reserved_bytes"] and s["active.all.current"] == 8
     assert s["num_ooms"] == 1 and s["failed_allocs"] == 1 and s["num_alloc_retries"] == 0
     assert s["num_device_alloc"] >= 1 and s["num_device_free"] == 0
+    # One owner: PyTorch's names for adaptalloc's own physical counts (C ABI version 5).
+    assert (s["num_device_alloc"], s["num_device_free"]) == (s["driver_allocs"], s["driver_frees"])
+    assert s["vmm_calls"] >= 1, "a simulated device maps pages"
     assert s["inactive_split_bytes.all.current"] <= s["idle_bytes"]
     a = r["after_free"]
     assert a["allocated_bytes.all.freed"] == 6 << 20 and a["requested_bytes.all.current"] == 2 << 20
