@@ -33,8 +33,9 @@ pub const TIGHT_ENTER_STRAND_DIVISOR: u64 = 2;
 /// blocks and strand more (random churns on 15-31 MiB devices failed at more capacities).
 pub const STRAND_CLEAR_DIVISOR: u64 = 4;
 
-/// Tight mode is also left when free memory is over `bounds.tight_below` times this: a margin
-/// so that a device hovering at the threshold does not flip routes at every sample.
+/// Tight mode is also left when free memory (counting the cache's idle blocks, see
+/// `assess::tight`) is over `bounds.tight_below` times this: a margin so that a device hovering
+/// at the threshold does not flip routes at every sample.
 pub const TIGHT_EXIT_FREE_FACTOR: f64 = 1.5;
 
 /// The most the gap between periodic free-memory samples (cuMemGetInfo, 5-12 us) grows while

@@ -226,6 +226,11 @@ impl Engine {
             reserved_peak: self.reserved_peak,
             idle: strategies.iter().map(Strategy::idle_bytes).sum(),
             stranded: strategies.iter().map(Strategy::stranded_bytes).sum(),
+            cached_idle: strategies
+                .iter()
+                .filter(|s| matches!(s, Strategy::Caching(_)))
+                .map(Strategy::idle_bytes)
+                .sum(),
             footprint: self.footprint.current,
             footprint_low: self.footprint_low,
             footprint_peak: self.footprint.peak,
