@@ -178,8 +178,11 @@ pub struct BoundsPolicy {
     /// compactly, takes exact-size driver allocations, and gives back idle memory until free
     /// memory is back at the headroom (or at the watermark, where that is higher).
     pub low_watermark: SizeOrFraction,
-    /// Under this much free device memory the device is "tight": new slabs are segregated by
-    /// size class (see `suballoc.segregate`).
+    /// Under this much free device memory, while the slabs strand more than half the strand
+    /// guard's budget, the device is "tight": small requests get exact-size cached blocks
+    /// (`routing.small_exact_when_tight`), slabs grow by `suballoc.growth` and are segregated
+    /// by size class where `suballoc.segregate` says so. It ends once free memory, counting the
+    /// cache's idle blocks, is over 1.5x this, or the slabs strand at most a quarter of the budget.
     pub tight_below: SizeOrFraction,
     /// Idle blocks and empty slabs not reused within this many operations are released (0: never).
     pub idle_age_ops: u64,
