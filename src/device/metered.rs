@@ -291,3 +291,116 @@ impl VirtualMemory for Metered {
         self.vm().quiesce()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::SimDevice;
+
+    const P: u64 = 2 << 20;
+    const PAGES: usize = 32;
+
+    /// A handle the test mapped: its first page, its pages, and whether it is a second mapping.
+    #[derive(Clone, Copy, Debug)]
+    struct Handle {
+        page: usize,
+        pages: usize,
+        alias: bool,
+    }
+
+    fn free_run(used: &[bool; PAGES], at: usize, pages: usize) -> bool {
+        at + pages <= PAGES && used[at..at + pages].iter().all(|u| !u)
+    }
+
+    proptest::proptest! {
+        /// Maps of runs of handles, unmaps of whole handles (a run in part, or several runs
+        /// at once), moves and second mappings, in any order, some refused for want of
+        /// memory: the metered counts stay the device's physical allocations (less those it
+        /// refused) and frees, and a mapping call is counted for each call made.
+        #[test]
+        fn counts_follow_the_handles_as_the_device_counts_them(
+            ops in proptest::collection::vec((0u8..5, 0usize..PAGES, 1usize..4, 1usize..4), 1..200)
+        ) {
+            // Fewer pages of memory than of address space: some maps are refused.
+            let sim: Arc<dyn Device> = Arc::new(SimDevice::new(24 * P));
+            let m = Metered::new(sim.clone());
+            let vmm: &dyn VirtualMemory = m.vmm().expect("SimDevice has vmm");
+            let base = vmm.reserve(PAGES as u64 * P).unwrap();
+            let mut used = [false; PAGES];
+            let mut handles: Vec<Handle> = Vec::new();
+            let mut calls = 0;
+            for (op, at, n, h) in ops {
+                let addr = |page: usize| base + page as u64 * P;
+                match op {
+                    0 if free_run(&used, at, n * h) => {
+                        calls += 1;
+                        if vmm.map_handles(addr(at), (n * h) as u64 * P, h as u64 * P).is_ok() {
+                            for i in 0..n {
+                                handles.push(Handle { page: at + i * h, pages: h, alias: false });
+                            }
+                            used[at..at + n * h].iter_mut().for_each(|u| *u = true);
+                        }
+                    }
+                    1..=3 if !handles.is_empty() => {
+                        handles.sort_by_key(|x| x.page);
+                        let i = at % handles.len();
+                        let first = handles[i];
+                        // An alias is only unmapped as an alias; a first mapping with a second
+                        // one on it is neither moved nor aliased again (the device refuses).
+                        let aliased = |x: &Handle| {
+                            handles.iter().any(|a| a.alias && a.pages == x.pages && a.page != x.page)
+                        };
+                        match op {
+                            1 => {
+                                // Whole handles from `first` on, adjacent and of one kind.
+                                let mut j = i + 1;
+                                while j < handles.len() && j - i < n
+                                    && handles[j].alias == first.alias
+                                    && handles[j].page == handles[j - 1].page + handles[j - 1].pages
+                                {
+                                    j += 1;
+                                }
+                                let pages: usize = handles[i..j].iter().map(|x| x.pages).sum();
+                                let (a, len) = (addr(first.page), pages as u64 * P);
+                                calls += 1;
+                                let r = if first.alias { vmm.unmap_alias(a, len) } else { vmm.unmap(a, len) };
+                                if r.is_ok() {
+                                    used[first.page..first.page + pages].iter_mut().for_each(|u| *u = false);
+                                    handles.drain(i..j);
+                                }
+                            }
+                            _ if !first.alias && !aliased(&first) => {
+                                let to = (0..PAGES).map(|k| (at + k) % PAGES).find(|&t| free_run(&used, t, first.pages));
+                                if let Some(t) = to {
+                                    let (a, len) = (addr(t), first.pages as u64 * P);
+                                    calls += 1;
+                                    let ok = if op == 2 {
+                                        vmm.move_handles(a, addr(first.page), len).is_ok()
+                                    } else {
+                                        vmm.map_alias(a, addr(first.page), len).is_ok()
+                                    };
+                                    if ok {
+                                        used[t..t + first.pages].iter_mut().for_each(|u| *u = true);
+                                        if op == 2 {
+                                            used[first.page..first.page + first.pages].iter_mut().for_each(|u| *u = false);
+                                            handles[i].page = t;
+                                        } else {
+                                            handles.push(Handle { page: t, pages: first.pages, alias: true });
+                                        }
+                                    }
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    _ => {}
+                }
+                let d = sim.stats();
+                let (allocs, frees) = (m.allocs.load(Ordering::Relaxed), m.frees.load(Ordering::Relaxed));
+                proptest::prop_assert_eq!(allocs + d.failed_allocs, d.ops.physical_allocs(), "{:?}", d.ops);
+                proptest::prop_assert_eq!(frees, d.ops.physical_frees(), "{:?}", d.ops);
+                proptest::prop_assert_eq!(m.vmm_calls.load(Ordering::Relaxed), calls);
+            }
+        }
+    }
+}

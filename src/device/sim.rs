@@ -120,6 +120,9 @@ struct State {
     mapped_pages: std::collections::BTreeMap<DevicePtr, DevicePtr>,
     /// Mappings of each physical page: its memory goes back when the last one is unmapped.
     phys_refs: HashMap<DevicePtr, u32>,
+    /// The next name for a physical page whose first mapping was unmapped while second ones
+    /// keep it: above every address, so that a page mapped later at that address is another.
+    orphan_name: u64,
     /// Physical handles mapped at their first address: start -> bytes (a page, or more when
     /// mapped by [`VirtualMemory::map_handles`]); unmapped whole only.
     handles: std::collections::BTreeMap<DevicePtr, u64>,
@@ -224,6 +227,7 @@ impl SimDeviceBuilder {
                 reservations: std::collections::BTreeMap::new(),
                 mapped_pages: std::collections::BTreeMap::new(),
                 phys_refs: HashMap::new(),
+                orphan_name: 1 << 63,
                 handles: std::collections::BTreeMap::new(),
                 alias_handles: std::collections::BTreeMap::new(),
                 alloc_top: align_up(0x7f00_0000_0000, align),

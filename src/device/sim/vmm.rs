@@ -279,9 +279,21 @@ impl SimDevice {
             let phys = s.mapped_pages.remove(&p).expect("checked above");
             let refs = s.phys_refs.get_mut(&phys).expect("a mapped page has a physical page");
             *refs -= 1;
-            if *refs == 0 {
+            let left = *refs;
+            if left == 0 {
                 s.phys_refs.remove(&phys);
                 freed += page;
+            } else if !alias {
+                // The first mapping goes while second ones keep the memory (the driver allows
+                // it): the physical page takes a name no address has, so that a handle mapped
+                // here later is another page, not this one. Rare: a scan of the mapped pages.
+                let name = s.orphan_name;
+                s.orphan_name += page;
+                s.phys_refs.remove(&phys);
+                s.phys_refs.insert(name, left);
+                for v in s.mapped_pages.values_mut().filter(|v| **v == phys) {
+                    *v = name;
+                }
             }
         }
         s.used -= freed;
