@@ -50,9 +50,12 @@ pub struct MemInfo {
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceStats {
-    /// Successful driver allocations.
+    /// Successful driver allocations: cuMemAlloc calls, and calls that map handles (a run of
+    /// handles mapped at once counts one). Physical allocations handle by handle are
+    /// `ops.physical_allocs()`; one allocator's own, `Stats::driver_allocs`.
     pub driver_allocs: u64,
-    /// Driver frees.
+    /// Driver frees: cuMemFree calls, and calls that unmap handles, counted as `driver_allocs`
+    /// is (physical frees: `ops.physical_frees()`).
     pub driver_frees: u64,
     /// Driver allocations that failed (out of memory or injected).
     pub failed_allocs: u64,
