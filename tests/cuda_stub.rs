@@ -129,6 +129,7 @@ fn child() {
     // same memory: nothing is created or given back, and they go back with their new mapping.
     let (a, b) = (vmm.reserve(2 * PAGE).unwrap(), vmm.reserve(2 * PAGE).unwrap());
     vmm.map(a, 2 * PAGE).unwrap();
+    assert_eq!(vmm.handles_in(a, 2 * PAGE), 2, "a page each");
     vmm.move_handles(b, a, 2 * PAGE).unwrap();
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY - 2 * PAGE);
     assert!(vmm.move_handles(b, a, PAGE).is_err(), "nothing is mapped at a any more");
@@ -155,6 +156,15 @@ fn child() {
     assert!(vmm.map_alias(alias, h, PAGE).is_err(), "part of a handle");
     vmm.map_alias(alias, h, 4 * PAGE).unwrap();
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY - 16 * PAGE);
+    // What an unmap would give back, handle by handle (the allocator's physical counts).
+    assert_eq!(
+        (
+            vmm.handles_in(h, 16 * PAGE),
+            vmm.handles_in(h + 4 * PAGE, 8 * PAGE),
+            vmm.handles_in(alias, 4 * PAGE)
+        ),
+        (4, 2, 1)
+    );
     vmm.unmap_alias(alias, 4 * PAGE).unwrap();
     vmm.unreserve(alias).unwrap();
     vmm.unmap(h + 4 * PAGE, 8 * PAGE).unwrap();

@@ -268,6 +268,17 @@ impl VirtualMemory for CudaDevice {
         self.unmap_range(ptr, bytes, true)
     }
 
+    /// Walked as `unmap_pages` walks the range: a page each, or a larger handle where one was
+    /// mapped.
+    fn handles_in(&self, ptr: DevicePtr, bytes: u64) -> u64 {
+        let (mut va, mut n) = (ptr, 0);
+        while va < ptr + bytes {
+            va += self.handle_at(va);
+            n += 1;
+        }
+        n
+    }
+
     fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         // Pages one by one, or the one larger handle mapped at `src`, whole (cuMemMap maps a
         // handle from offset 0).

@@ -3,7 +3,6 @@
 //! calls themselves), and holding it to a cap on the bytes it may hold (PyTorch's
 //! `set_per_process_memory_fraction`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -14,19 +13,8 @@ use crate::error::DeviceError;
 use crate::hash::FastMap;
 use crate::size::ByteSize;
 
-/// Runs of equal handles by address, as `(bytes, handle bytes)`.
-type Runs = BTreeMap<DevicePtr, (u64, u64)>;
-
-/// The handles a [`Metered`] device has mapped: first mappings, and second mappings of them.
-#[derive(Debug, Default)]
-struct Handles {
-    first: Runs,
-    alias: Runs,
-}
-
 /// The device, metered: counts this allocator's driver calls and the bytes it holds (atomics,
-/// and maps of driver allocations' sizes and mapped handles, on the slow path only: driver
-/// calls).
+/// and a map of driver allocations' sizes, on the slow path only: driver calls).
 #[derive(Debug)]
 pub(crate) struct Metered {
     pub(crate) inner: Arc<dyn Device>,
@@ -37,10 +25,6 @@ pub(crate) struct Metered {
     /// Mapping calls: maps of new handles, moves, second mappings, and their unmaps (a run of
     /// handles mapped or unmapped at once is one).
     vmm_calls: AtomicU64,
-    /// The handles mapped: each run of equal handles by its address, as `(bytes, handle
-    /// bytes)`, first mappings and second ones (`map_alias`) apart. An unmap counts the handles
-    /// it gives back (their references, for second mappings) from here.
-    handles: Mutex<Handles>,
     /// Bytes held from the driver: allocations plus mapped pages.
     held: AtomicU64,
     /// The size of each driver allocation (a free names only the pointer).
@@ -56,7 +40,6 @@ impl Metered {
             allocs: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             vmm_calls: AtomicU64::new(0),
-            handles: Mutex::new(Handles::default()),
             held: AtomicU64::new(0),
             sizes: Mutex::new(FastMap::default()),
             cap: AtomicU64::new(u64::MAX),
@@ -168,50 +151,37 @@ impl Metered {
         self.inner.vmm().expect("vmm checked by the caller")
     }
 
-    /// Counts a mapping of new handles of `handle` bytes at `ptr..ptr+bytes` that succeeded: a
-    /// mapping call, a physical allocation per handle, the bytes held, and the handles recorded
-    /// for the unmap that gives them back.
-    fn mapped(&self, ptr: DevicePtr, bytes: u64, handle: u64, r: Result<(), DeviceError>) -> Result<(), DeviceError> {
+    /// Counts a mapping of new handles of `handle` bytes, `bytes` in all, that succeeded: a
+    /// mapping call, a physical allocation per handle, and the bytes held.
+    fn mapped(&self, bytes: u64, handle: u64, r: Result<(), DeviceError>) -> Result<(), DeviceError> {
         self.vmm_calls.fetch_add(1, Ordering::Relaxed);
-        if r.is_ok() && bytes > 0 {
-            let handle = handle.clamp(1, bytes);
-            self.allocs.fetch_add(bytes.div_ceil(handle), Ordering::Relaxed);
+        if r.is_ok() {
+            self.allocs.fetch_add(bytes.div_ceil(handle.max(1)), Ordering::Relaxed);
             self.held.fetch_add(bytes, Ordering::Relaxed);
-            self.handles.lock().first.insert(ptr, (bytes, handle));
         }
         r
     }
-}
 
-/// Takes the runs recorded under `ptr..ptr+bytes` out of `map` (splitting runs the range covers
-/// in part) and returns them as `(address, bytes, handle bytes)`.
-fn take_runs(map: &mut Runs, ptr: DevicePtr, bytes: u64) -> Vec<(DevicePtr, u64, u64)> {
-    let end = ptr.saturating_add(bytes);
-    // The run that starts before `ptr` may reach into the range.
-    let before = map.range(..ptr).next_back().map(|(&s, _)| s);
-    let starts: Vec<DevicePtr> = before.into_iter().chain(map.range(ptr..end).map(|(&s, _)| s)).collect();
-    let mut taken = Vec::new();
-    for s in starts {
-        let Some((len, handle)) = map.remove(&s) else { continue };
-        let (a, b) = (s.max(ptr), (s + len).min(end));
-        if a >= b {
-            map.insert(s, (len, handle));
-            continue;
+    /// Counts an unmapping call of `ptr..ptr+bytes` (first mappings, or with `alias` second
+    /// ones): a mapping call, and when it succeeded a physical free per handle the device had
+    /// mapped there (a reference given back, for a second mapping), and, for first mappings,
+    /// the bytes no longer held.
+    fn unmapped(&self, ptr: DevicePtr, bytes: u64, alias: bool) -> Result<(), DeviceError> {
+        self.vmm_calls.fetch_add(1, Ordering::Relaxed);
+        let handles = self.vm().handles_in(ptr, bytes);
+        let r = if alias {
+            self.vm().unmap_alias(ptr, bytes)
+        } else {
+            self.vm().unmap(ptr, bytes)
+        };
+        if r.is_ok() {
+            self.frees.fetch_add(handles, Ordering::Relaxed);
+            if !alias {
+                self.held.fetch_sub(bytes, Ordering::Relaxed);
+            }
         }
-        if a > s {
-            map.insert(s, (a - s, handle));
-        }
-        if b < s + len {
-            map.insert(b, (s + len - b, handle));
-        }
-        taken.push((a, b - a, handle));
+        r
     }
-    taken
-}
-
-/// The handles in `runs`.
-fn handles_in(runs: &[(DevicePtr, u64, u64)]) -> u64 {
-    runs.iter().map(|&(_, len, handle)| len.div_ceil(handle)).sum()
 }
 
 /// Mapping and unmapping are counted as mapping calls; the handles they create and give back
@@ -229,63 +199,34 @@ impl VirtualMemory for Metered {
     fn map(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.admit(bytes)?;
         let page = self.page_size();
-        self.mapped(ptr, bytes, page, self.vm().map(ptr, bytes))
+        self.mapped(bytes, page, self.vm().map(ptr, bytes))
     }
     fn map_handles(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {
         self.admit(bytes)?;
-        self.mapped(ptr, bytes, handle, self.vm().map_handles(ptr, bytes, handle))
+        self.mapped(bytes, handle, self.vm().map_handles(ptr, bytes, handle))
     }
-    /// A physical free for every handle given back. The record is updated whatever the driver
-    /// says: the caller forgets the range either way (an unmap that failed leaves the handles
-    /// to the driver's teardown).
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.vmm_calls.fetch_add(1, Ordering::Relaxed);
-        let r = self.vm().unmap(ptr, bytes);
-        let released = handles_in(&take_runs(&mut self.handles.lock().first, ptr, bytes));
-        if r.is_ok() {
-            self.frees.fetch_add(released, Ordering::Relaxed);
-            self.held.fetch_sub(bytes, Ordering::Relaxed);
-        }
-        r
+        self.unmapped(ptr, bytes, false)
+    }
+    fn handles_in(&self, ptr: DevicePtr, bytes: u64) -> u64 {
+        self.vm().handles_in(ptr, bytes)
     }
     /// A second mapping of memory already held: a mapping call; no handle created (each is
     /// retained, cuMemRetainAllocationHandle), no bytes.
     fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.vmm_calls.fetch_add(1, Ordering::Relaxed);
-        let r = self.vm().map_alias(ptr, src, bytes);
-        if r.is_ok() {
-            // The runs under `src`, split at its ends (whole handles) and put back as they were.
-            let mut h = self.handles.lock();
-            for (at, len, handle) in take_runs(&mut h.first, src, bytes) {
-                h.first.insert(at, (len, handle));
-                h.alias.insert(at - src + ptr, (len, handle));
-            }
-        }
-        r
+        self.vm().map_alias(ptr, src, bytes)
     }
     /// Each retained handle's reference goes back (cuMemRelease): a physical free each, as
     /// the driver counts them, though the memory stays mapped where it was first.
     fn unmap_alias(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
-        self.vmm_calls.fetch_add(1, Ordering::Relaxed);
-        let r = self.vm().unmap_alias(ptr, bytes);
-        let released = handles_in(&take_runs(&mut self.handles.lock().alias, ptr, bytes));
-        if r.is_ok() {
-            self.frees.fetch_add(released, Ordering::Relaxed);
-        }
-        r
+        self.unmapped(ptr, bytes, true)
     }
     /// Handles already held, mapped elsewhere: a mapping call; no handle created or given back,
-    /// no more bytes held. The record follows them.
+    /// no more bytes held.
     fn move_handles(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         self.vmm_calls.fetch_add(1, Ordering::Relaxed);
-        let r = self.vm().move_handles(ptr, src, bytes);
-        if r.is_ok() {
-            let mut h = self.handles.lock();
-            for (at, len, handle) in take_runs(&mut h.first, src, bytes) {
-                h.first.insert(at - src + ptr, (len, handle));
-            }
-        }
-        r
+        self.vm().move_handles(ptr, src, bytes)
     }
     fn quiesce(&self) -> Result<(), DeviceError> {
         self.vm().quiesce()

@@ -97,6 +97,13 @@ pub trait VirtualMemory: Send + Sync {
     /// whole mappings (every page mapped by [`map`](VirtualMemory::map), or whole handles
     /// mapped by [`map_handles`](VirtualMemory::map_handles)).
     fn unmap(&self, ptr: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
+    /// The physical handles mapped at `ptr..ptr+bytes` (whole mappings, first or second ones):
+    /// what unmapping the range gives back, one `cuMemRelease` each. The default, for a device
+    /// that maps page by page: one per page.
+    fn handles_in(&self, ptr: DevicePtr, bytes: u64) -> u64 {
+        let _ = ptr;
+        bytes.div_ceil(self.page_size().max(1))
+    }
     /// Maps the physical handles already mapped at `src..src+bytes` (whole handles: pages, or
     /// one larger handle) a second time, at `ptr..ptr+bytes` (page-aligned, inside a
     /// reservation, unmapped): both ranges then show the same memory, and no memory is

@@ -84,6 +84,12 @@ impl VirtualMemory for SimDevice {
         self.drop_mappings(ptr, bytes, false)
     }
 
+    fn handles_in(&self, ptr: DevicePtr, bytes: u64) -> u64 {
+        let s = self.state.lock();
+        let end = ptr.saturating_add(bytes);
+        (s.handles.range(ptr..end).count() + s.alias_handles.range(ptr..end).count()) as u64
+    }
+
     fn map_alias(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError> {
         let mut s = self.state.lock();
         let page = self.page_size();

@@ -274,9 +274,6 @@ impl Suballoc {
     }
 }
 
-/// The splice of `bytes` over free ends of `tail` and `head` bytes that needs the fewest fresh
-/// pages (then the fewest second mappings), or None when no free end helps. The fresh pages are
-/// filled first; the ends take only the rest, leaving what they can to their slabs.
 /// Keeps the two longest ends in `best`, longest first.
 fn keep_two(best: &mut [Option<End>; 2], e: End) {
     let len = |b: &Option<End>| b.map_or(0, |b| b.len);
@@ -288,6 +285,9 @@ fn keep_two(best: &mut [Option<End>; 2], e: End) {
     }
 }
 
+/// The splice of `bytes` over free ends of `tail` and `head` bytes that needs the fewest fresh
+/// pages (then the fewest second mappings), or None when no free end helps. The fresh pages are
+/// filled first; the ends take only the rest, leaving what they can to their slabs.
 fn plan(bytes: u64, page: u64, tail: u64, head: u64) -> Option<Plan> {
     let fresh_for = |end: u64| (bytes - end.min(bytes)).div_ceil(page);
     let mut options = Vec::with_capacity(3);
