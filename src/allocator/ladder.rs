@@ -149,7 +149,7 @@ pub(super) fn cache_miss(
     if !st.engine.as_deref().is_some_and(|e| e.in_tight()) {
         for (i, s) in st.strategies.iter_mut().enumerate() {
             if let Strategy::Suballoc(sub) = s
-                && let Some(g) = sub.allocate_existing(dev, aligned, stream, true)
+                && let Some(g) = sub.allocate_existing(dev, aligned, stream, true, u64::MAX)
             {
                 return Ok((g, i));
             }
@@ -314,7 +314,7 @@ impl<'a> Ladder<'a> {
         let (dev, aligned, stream) = (self.dev, self.aligned, self.stream);
         self.st.strategies.iter_mut().enumerate().find_map(|(i, s)| {
             let hit = match s {
-                Strategy::Suballoc(sub) => sub.allocate_existing(dev, aligned, stream, strict),
+                Strategy::Suballoc(sub) => sub.allocate_existing(dev, aligned, stream, strict, u64::MAX),
                 Strategy::Caching(c) => c.allocate_cached(dev, aligned, stream),
                 Strategy::Passthrough(_) => None,
             };

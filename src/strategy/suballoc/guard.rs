@@ -97,9 +97,17 @@ impl Suballoc {
     /// otherwise go back (pages no live block touches, or a whole empty slab), then the
     /// smallest. When `strict`, a hole that would pin more than the driver's own allocation of
     /// the block would consume is refused: under pressure a small block that pins a fresh 2 MiB
-    /// page holds more than the driver (which packs small allocations) would.
+    /// page holds more than the driver (which packs small allocations) would. A hole larger
+    /// than `max_hole` is passed over (`u64::MAX`: none is).
     #[cold]
-    pub fn allocate_existing(&mut self, dev: &dyn Device, bytes: u64, stream: StreamId, strict: bool) -> Option<Grant> {
+    pub fn allocate_existing(
+        &mut self,
+        dev: &dyn Device,
+        bytes: u64,
+        stream: StreamId,
+        strict: bool,
+        max_hole: u64,
+    ) -> Option<Grant> {
         let footprint = self.footprint(dev, bytes);
 
         // Memory a placement at the hole's start would newly pin; None when its pages are not
@@ -121,6 +129,7 @@ impl Suballoc {
                 let n = self.nodes[i];
                 if self.free_for(&n, stream)
                     && n.size >= bytes
+                    && n.size <= max_hole
                     && let Some((pinned, pad)) = cost(i, &n)
                     && best.is_none_or(|(c, _, _)| (pinned, n.size) < c)
                 {

@@ -19,6 +19,7 @@ mod tests;
 
 use accounting::Accounts;
 use freelists::FreeLists;
+use paging::Mapping;
 
 use super::pages::PageMap;
 use super::slots::Slots;
@@ -299,8 +300,10 @@ impl Suballoc {
                 (idx, false, self.own_slab_pad(idx, bytes))
             }
         };
-        match self.map_for(dev, idx, pad, bytes) {
-            Ok(mapped) => hit &= !mapped,
+        match self.map_for(dev, idx, pad, bytes, hit.then_some(stream)) {
+            Ok(Mapping::Nothing) => {}
+            Ok(Mapping::Made) => hit = false,
+            Ok(Mapping::Elsewhere(g)) => return Ok(Some(g)),
             Err(e) => {
                 if !hit {
                     // A new slab with nothing mapped (`SlabBacking::Blocks`): not kept.

@@ -261,19 +261,24 @@ fn splices_start_in_free_ends_of_larger_handles() {
     assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
 }
 
+/// Paged slabs of 8 MiB each, emptied ones kept.
+fn eight_mib_slabs() -> SuballocConfig {
+    SuballocConfig {
+        page_release: true,
+        min_slab: 8 * MIB,
+        max_slab: 8 * MIB,
+        max_empty_bytes: u64::MAX,
+        ..SuballocConfig::default()
+    }
+}
+
 /// Idle pages moved into a slab come from the slabs in id order, whose reservations may
 /// adjoin: a move never spans two of them (the driver maps within one reservation), so every
 /// page arrives and none is created, released or left behind.
 #[test]
 fn pages_moved_from_adjoining_slabs_all_arrive() {
     let dev = SimDevice::new(GIB);
-    let mut sub = Suballoc::new(SuballocConfig {
-        page_release: true,
-        min_slab: 8 * MIB,
-        max_slab: 8 * MIB,
-        max_empty_bytes: u64::MAX,
-        ..SuballocConfig::default()
-    });
+    let mut sub = Suballoc::new(eight_mib_slabs());
     let mut take = |bytes: u64| sub.allocate(&dev, bytes, 0).unwrap();
     // Slab 0: a page in use, three idle; slab 1: two pages in use, two idle at its end; slab
     // 2, right after it: four idle.
@@ -312,4 +317,42 @@ fn pages_moved_from_adjoining_slabs_all_arrive() {
     sub.unmap_unused(&dev, u64::MAX);
     sub.release_empty_slabs(&dev, 0);
     assert_eq!(dev.leak_report().blocks, 0);
+}
+
+/// Best fit's node needs pages mapped, and the headroom has no room for them (slab limit 0): a
+/// hole of the same size whose pages are mapped serves instead, with no driver call. With room,
+/// best fit's pages are created as before. (A larger mapped hole is not taken:
+/// `pages_moved_from_adjoining_slabs_all_arrive` moves pages rather than split slab 2.)
+#[test]
+fn a_mapped_hole_serves_where_the_headroom_has_no_room_for_pages() {
+    for limit in [u64::MAX, 0] {
+        let dev = SimDevice::new(GIB);
+        let mut sub = Suballoc::new(eight_mib_slabs());
+        let mut take = |bytes: u64| sub.allocate(&dev, bytes, 0).unwrap();
+        // Two slabs, each a 2 MiB block and a 6 MiB one; the 6 MiB blocks are freed, slab 1's
+        // first, and slab 0's hole gives its three pages back.
+        let (t0, x0, t1, x1) = (take(2 * MIB), take(6 * MIB), take(2 * MIB), take(6 * MIB));
+        sub.deallocate(&dev, x1.meta, 0, 1);
+        sub.deallocate(&dev, x0.meta, 0, 2);
+        assert_eq!(sub.unmap_unused(&dev, 6 * MIB), 6 * MIB);
+        assert!(!dev.is_backed(x0.ptr, 6 * MIB) && dev.is_backed(x1.ptr, 6 * MIB));
+        sub.set_slab_limit(limit);
+        let before = dev.stats().ops;
+        let c = sub.allocate(&dev, 6 * MIB, 0).unwrap();
+        let ops = dev.stats().ops.since(&before);
+        if limit == 0 {
+            assert_eq!(c.ptr, x1.ptr, "slab 1's mapped hole");
+            assert_eq!((ops.create.calls, ops.map.calls, ops.unmap.calls), (0, 0, 0));
+            assert!(c.hit, "no driver call: a hit");
+        } else {
+            assert_eq!(c.ptr, x0.ptr, "best fit: slab 0's hole, its pages created");
+            assert_eq!(ops.create.calls, 3);
+        }
+        for (i, g) in [t0, t1, c].into_iter().enumerate() {
+            sub.deallocate(&dev, g.meta, 0, 10 + i as u64);
+        }
+        sub.unmap_unused(&dev, u64::MAX);
+        sub.release_empty_slabs(&dev, 0);
+        assert_eq!(dev.leak_report().blocks, 0);
+    }
 }
