@@ -135,8 +135,8 @@ impl Suballoc {
     /// (changing nothing) when the device cannot back them. With `elsewhere` (the requester's
     /// stream; best fit chose `idx` among held nodes, not a new slab), a block that needs more
     /// pages than the headroom has room for is served from a mapped hole instead where one
-    /// fits ([`Mapping::Elsewhere`]). Cost: one compare where the
-    /// slab is wholly mapped (the common case); the rest is cold.
+    /// fits ([`Mapping::Elsewhere`]). Cost: one compare where the slab is wholly mapped (the
+    /// common case); the rest is cold.
     #[inline]
     pub(super) fn map_for(
         &mut self,
@@ -164,25 +164,22 @@ impl Suballoc {
     ) -> Result<Mapping, DeviceError> {
         let n = self.nodes[idx];
         let slab = self.slabs[n.slab];
-        let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else {
+        let Some(Some(pm)) = self.pages.get(n.slab as usize) else {
             return Ok(Mapping::Nothing);
         };
-        let runs = pm.unmapped_runs(n.addr + pad - slab.base, bytes);
+        let (runs, page) = (pm.unmapped_runs(n.addr + pad - slab.base, bytes), pm.page_size());
         if runs.is_empty() {
             return Ok(Mapping::Nothing);
         }
-        let page = pm.page_size();
-        let unmapped: u64 = runs.iter().map(|&(_, len)| len).sum();
+        let pages: u64 = runs.iter().map(|&(_, len)| len / page).sum();
         if let Some(stream) = elsewhere
             && self.config.backing != SlabBacking::Auto
-            && unmapped / page > self.slab_limit / page
+            && self.pages_past_room(pages, page) > 0
             && let Some(g) = self.allocate_existing(dev, bytes, stream, true, n.size)
         {
             return Ok(Mapping::Elsewhere(g));
         }
-        let Some(Some(pm)) = self.pages.get_mut(n.slab as usize) else {
-            return Ok(Mapping::Nothing);
-        };
+        let pm = self.pages[n.slab as usize].as_mut().expect("checked above");
         let vmm = dev.vmm().expect("a paged slab's device has vmm");
         let pieces = if self.config.backing == SlabBacking::Blocks {
             let start = n.addr + pad - slab.base;
@@ -212,6 +209,13 @@ impl Suballoc {
         Ok(Mapping::Made)
     }
 
+    /// Of `pages` new pages of `page` bytes, how many the slab limit (free memory less the
+    /// headroom, set by the controller) has no room for: the ones that would be moved from
+    /// idle slabs, or created past the headroom.
+    fn pages_past_room(&self, pages: u64, page: u64) -> u64 {
+        pages.saturating_sub(self.slab_limit / page)
+    }
+
     /// Backs unmapped `runs` of slab `id` page by page. Idle pages of other slabs are moved
     /// there first when new ones would take free memory under the headroom (the controller's
     /// slab limit), and after the device refuses new ones: a page recycled costs a map, an
@@ -232,8 +236,9 @@ impl Suballoc {
         // with them; `large-handles` 53 / 39 / 28 and 54 / 44 / 53).
         let paged = self.config.backing == SlabBacking::Pages;
         let recycles = || paged && dev.stats().ops.recycling_pays();
-        let room = usize::try_from(self.slab_limit / page).unwrap_or(usize::MAX);
-        if todo.len() > room && recycles() {
+        let past = self.pages_past_room(todo.len() as u64, page) as usize;
+        if past > 0 && recycles() {
+            let room = todo.len() - past;
             let moved = self.recycle(dev, id, &todo[room..], page);
             todo.drain(room..room + moved);
         }
