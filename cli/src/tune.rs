@@ -1,17 +1,21 @@
 //! Offline tuning: replays traces under the base policy and a grid of variants of it on
-//! SimDevice and picks the one that fails least, then takes the least modelled driver time,
-//! then makes the fewest driver calls, then reserves least. The base policy is the first row
-//! (the baseline), so a grid that cannot beat it says so.
+//! SimDevice and picks the one that fails least, then takes the least modelled driver time
+//! over all passes (with `repeat` passes, a training loop of that many steps: the first pass
+//! and every later one count), then makes the fewest driver calls, then reserves least. The
+//! base policy is the first row (the baseline), so a grid that cannot beat it says so. Driver
+//! calls are priced by the cost model given (a GPU's own, from `adaptalloc gpu-bench`), so the
+//! winner follows the prices.
 
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::compare::Capacity;
-use crate::trace::{Trace, replay};
+use crate::trace::{ReplayOptions, Trace, replay_with};
 use adaptalloc::allocator::Allocator;
-use adaptalloc::device::{Device, Granularity, SimDevice};
+use adaptalloc::device::{CostModel, Device, Granularity, SimDevice};
 use adaptalloc::policy::{Policy, Segregate, SizeOrFraction};
+use adaptalloc::strategy::SlabBacking;
 
 /// One policy variant over every trace.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -21,8 +25,22 @@ pub struct Trial {
     pub failed_allocs: u64,
     pub driver_calls: u64,
     pub modeled_driver_ns: u64,
+    /// Of that, the first passes and the steady state (the mean of a later pass), summed over
+    /// the traces; zero with one pass.
+    pub first_pass_ns: u64,
+    pub steady_pass_ns: u64,
     /// The worst peak reserved / peak live over the traces.
     pub max_reserved_over_live: f64,
+}
+
+/// How `tune` replays: the device, the prices and the passes.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    pub capacity: Capacity,
+    /// Prices every driver call (the built-in default model, or a GPU's).
+    pub cost_model: CostModel,
+    /// Passes of each trace, back to back (1 to 10,000).
+    pub repeat: u32,
 }
 
 /// What `tune` tried, and the winner.
@@ -32,6 +50,9 @@ pub struct Tuning {
     pub best: usize,
     pub best_policy: Policy,
     pub why: String,
+    /// Passes of each trace, and the cost model's description.
+    pub repeat: u32,
+    pub prices: String,
 }
 
 /// The label of the base policy's row.
@@ -58,13 +79,42 @@ fn variants(base: &Policy) -> Vec<(String, Policy)> {
             }
         }
     }
+    // Each other backing with the base policy's other settings: the backing decides the
+    // warm-up (README, "The cost model"), and which one is cheapest depends on the prices.
+    for backing in [
+        SlabBacking::Auto,
+        SlabBacking::Blocks,
+        SlabBacking::LargeHandles,
+        SlabBacking::Whole,
+    ] {
+        if backing != base.suballoc.backing {
+            let mut p = base.clone();
+            p.suballoc.backing = backing;
+            out.push((format!("suballoc.backing {}", backing_name(backing)), p));
+        }
+    }
     out
 }
 
-/// Tunes `base` for `traces` on devices of `capacity`.
-pub fn tune(traces: &[Trace], capacity: Capacity, base: &Policy) -> Tuning {
+/// The policy file's word for `backing`.
+fn backing_name(backing: SlabBacking) -> &'static str {
+    match backing {
+        SlabBacking::Auto => "auto",
+        SlabBacking::Pages => "pages",
+        SlabBacking::LargeHandles => "large-handles",
+        SlabBacking::Whole => "whole",
+        SlabBacking::Blocks => "blocks",
+    }
+}
+
+/// Tunes `base` for `traces` on devices of `opts.capacity`, priced by `opts.cost_model`.
+pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
     let granule = Granularity::default().large_granule;
     let candidates = variants(base);
+    let replay = ReplayOptions {
+        repeat: opts.repeat.max(1),
+        sync_every: None,
+    };
     let trials: Vec<Trial> = candidates
         .iter()
         .map(|(label, policy)| {
@@ -73,15 +123,25 @@ pub fn tune(traces: &[Trace], capacity: Capacity, base: &Policy) -> Tuning {
                 failed_allocs: 0,
                 driver_calls: 0,
                 modeled_driver_ns: 0,
+                first_pass_ns: 0,
+                steady_pass_ns: 0,
                 max_reserved_over_live: 0.0,
             };
             for trace in traces {
-                let cap = capacity.bytes_for(trace.peak_live_bytes(), granule);
-                let alloc = Allocator::with_policy(Arc::new(SimDevice::new(cap)) as Arc<dyn Device>, policy.clone());
-                let m = replay(trace, &alloc);
+                let cap = opts.capacity.bytes_for(trace.peak_live_bytes(), granule);
+                let dev = Arc::new(
+                    SimDevice::builder()
+                        .capacity(cap)
+                        .cost_model(opts.cost_model.clone())
+                        .build(),
+                );
+                let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy.clone());
+                let m = replay_with(trace, &alloc, replay, |i| dev.advance_clock(i));
                 t.failed_allocs += m.failed_allocs;
                 t.driver_calls += m.driver_calls;
                 t.modeled_driver_ns += m.modeled_driver_ns;
+                t.first_pass_ns += m.passes.first_pass_ns;
+                t.steady_pass_ns += m.passes.steady_pass_ns;
                 let ratio = m.peak_reserved_bytes as f64 / m.peak_live_bytes.max(1) as f64;
                 t.max_reserved_over_live = t.max_reserved_over_live.max(ratio);
             }
@@ -107,12 +167,17 @@ pub fn tune(traces: &[Trace], capacity: Capacity, base: &Policy) -> Tuning {
     let ms = |t: &Trial| t.modeled_driver_ns as f64 / 1e6;
     let why = match runner_up {
         Some(r) => format!(
-            "{} failed allocations and {:.1} ms modelled driver time ({} driver calls) over {} trace(s), against the \
+            "{} failed allocations and {:.1} ms modelled driver time ({} driver calls) over {} trace(s){}, against the \
              runner-up's {} and {:.1} ms ({}); the baseline's {} and {:.1} ms; worst reserved/live {:.2}x",
             w.failed_allocs,
             ms(w),
             w.driver_calls,
             traces.len(),
+            if opts.repeat > 1 {
+                format!(" of {} passes", opts.repeat)
+            } else {
+                String::new()
+            },
             r.failed_allocs,
             ms(r),
             r.label,
@@ -129,6 +194,8 @@ pub fn tune(traces: &[Trace], capacity: Capacity, base: &Policy) -> Tuning {
         best,
         best_policy,
         why,
+        repeat: opts.repeat.max(1),
+        prices: opts.cost_model.description.clone(),
     }
 }
 
@@ -149,21 +216,45 @@ impl std::fmt::Display for Tuning {
                  `ADAPTALLOC_POLICY=FILE.toml`.\n"
             )?;
         }
-        writeln!(
-            f,
-            "| policy variant | failed | driver calls | driver time (ms) | worst reserved/live |"
-        )?;
-        writeln!(f, "|---|---|---|---|---|")?;
-        for (i, t) in self.trials.iter().enumerate() {
-            let mark = if i == self.best { " **(winner)**" } else { "" };
+        writeln!(f, "Priced by: {}.\n", self.prices)?;
+        let passes = self.repeat > 1;
+        if passes {
             writeln!(
                 f,
-                "| {}{} | {} | {} | {:.1} | {:.2} |",
+                "Each trace replayed {} times back to back; driver time is all of them, split into the first pass and \
+                 the steady state (the mean of a later pass), summed over the traces.\n",
+                self.repeat
+            )?;
+            writeln!(
+                f,
+                "| policy variant | failed | driver calls | driver time (ms) | first pass (ms) | steady/pass (ms) | worst \
+                 reserved/live |"
+            )?;
+            writeln!(f, "|---|---|---|---|---|---|---|")?;
+        } else {
+            writeln!(
+                f,
+                "| policy variant | failed | driver calls | driver time (ms) | worst reserved/live |"
+            )?;
+            writeln!(f, "|---|---|---|---|---|")?;
+        }
+        let ms = |ns: u64| ns as f64 / 1e6;
+        for (i, t) in self.trials.iter().enumerate() {
+            let mark = if i == self.best { " **(winner)**" } else { "" };
+            let split = if passes {
+                format!(" {:.1} | {:.2} |", ms(t.first_pass_ns), ms(t.steady_pass_ns))
+            } else {
+                String::new()
+            };
+            writeln!(
+                f,
+                "| {}{} | {} | {} | {:.1} |{} {:.2} |",
                 t.label,
                 mark,
                 t.failed_allocs,
                 t.driver_calls,
-                t.modeled_driver_ns as f64 / 1e6,
+                ms(t.modeled_driver_ns),
+                split,
                 t.max_reserved_over_live
             )?;
         }

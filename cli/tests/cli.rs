@@ -4,52 +4,10 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod bin_support;
 
+use bin_support::{fails, ok, tmp, write};
 use serde_json::Value;
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_adaptalloc"))
-        .args(args)
-        .output()
-        .expect("the binary runs")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// Runs a command that must fail cleanly; returns its stderr.
-fn fails(args: &[&str]) -> String {
-    let out = run(args);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    // Our errors are one line; clap's usage errors add a "try --help" hint after theirs.
-    if !err.starts_with("error:") {
-        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line expected: {err}");
-    }
-    err
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("adaptalloc-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
-fn write(name: &str, bytes: &[u8]) -> String {
-    let p = tmp(name);
-    std::fs::write(&p, bytes).unwrap();
-    p.to_string_lossy().into_owned()
-}
 
 fn keys(v: &Value) -> Vec<String> {
     let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();

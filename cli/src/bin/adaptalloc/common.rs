@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use adaptalloc::device::CostModel;
 use adaptalloc::size::ByteSize;
 use adaptalloc_cli::compare::{Capacity, Contender, Window};
 use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
@@ -27,6 +28,26 @@ impl CapacityArgs {
             (None, Some(f)) if f.is_finite() && f > 0.0 => Capacity::Factor(f),
             (None, Some(f)) => bail!("--capacity-factor {f}: give a positive number"),
             (None, None) => Capacity::default(),
+        })
+    }
+}
+
+/// How driver calls are priced on the simulated device.
+#[derive(clap::Args, Clone, Debug)]
+pub struct CostArgs {
+    /// Price driver calls with this cost model file (default: tuning/cost-models/default.toml,
+    /// built in; `adaptalloc gpu-bench` writes one for a real GPU).
+    #[arg(long)]
+    pub cost_model: Option<PathBuf>,
+}
+
+impl CostArgs {
+    /// The model from the file given (an error names the file and what is wrong in it), or the
+    /// built-in default.
+    pub fn model(&self) -> anyhow::Result<CostModel> {
+        Ok(match &self.cost_model {
+            Some(path) => CostModel::from_file(path)?,
+            None => CostModel::default(),
         })
     }
 }

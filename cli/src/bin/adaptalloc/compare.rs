@@ -2,12 +2,11 @@
 
 use std::path::PathBuf;
 
-use adaptalloc::device::CostModel;
 use adaptalloc::policy::Policy;
 use adaptalloc_cli::compare::{CompareOptions, compare};
 use anyhow::{Context, bail};
 
-use crate::common::{CapacityArgs, ReplayArgs, contenders, emit, load_traces};
+use crate::common::{CapacityArgs, CostArgs, ReplayArgs, contenders, emit, load_traces};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -36,10 +35,8 @@ pub struct Args {
     /// policy).
     #[arg(long)]
     policy: Option<String>,
-    /// Price driver calls with this cost model file (default: tuning/cost-models/default.toml,
-    /// built in; `adaptalloc gpu-bench` writes one for a real GPU).
-    #[arg(long)]
-    cost_model: Option<PathBuf>,
+    #[command(flatten)]
+    prices: CostArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -64,10 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         pytorch_conf: args.run.pytorch_conf.clone(),
         sync_every: args.run.sync_every,
         policy: args.policy.as_deref().map(Policy::load).transpose()?,
-        cost_model: match &args.cost_model {
-            Some(path) => CostModel::from_file(path)?,
-            None => CostModel::default(),
-        },
+        cost_model: args.prices.model()?,
     };
     let traces = load_traces(&args.traces, args.lenient, args.run.window)?;
     let result = crate::progress::with_spinner("replaying", || compare(&traces, &opts));

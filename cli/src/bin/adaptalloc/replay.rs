@@ -11,7 +11,7 @@ use adaptalloc_cli::compare::Contender;
 use adaptalloc_cli::trace::{ReplayOptions, ReplayTarget, load, replay_with};
 use anyhow::Context;
 
-use crate::common::{CapacityArgs, ReplayArgs};
+use crate::common::{CapacityArgs, CostArgs, ReplayArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,6 +28,8 @@ pub struct Args {
     capacity: CapacityArgs,
     #[command(flatten)]
     run: ReplayArgs,
+    #[command(flatten)]
+    prices: CostArgs,
     /// Write the tuning report here (.toml, .json or .md by extension).
     #[arg(long)]
     report: Option<PathBuf>,
@@ -47,7 +49,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let repeat = args.run.repeat;
     let events = trace.events.len() as u64 * repeat as u64;
     let script = args.run.tenant.map(|t| t.script(events)).unwrap_or_default();
-    let device = || Arc::new(SimDevice::builder().capacity(capacity).tenants(script.clone()).build());
+    let prices = args.prices.model()?;
+    let device = || {
+        Arc::new(
+            SimDevice::builder()
+                .capacity(capacity)
+                .cost_model(prices.clone())
+                .tenants(script.clone())
+                .build(),
+        )
+    };
     let options = ReplayOptions {
         repeat,
         sync_every: args.run.sync_every,
@@ -90,7 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut text = format!(
         "{}: {} events on {}: {} failed allocations, {} driver calls ({} physical allocations + {} frees), modelled \
-         driver time {:.1} ms, peak live {}, peak reserved {}, {} tenant failures{}\n",
+         driver time {:.1} ms, peak live {}, peak reserved {}, {} tenant failures{}\nPriced by: {}.\n",
         trace.name,
         m.events,
         dev.name(),
@@ -106,7 +117,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             format!(", {} unknown frees skipped", trace.skipped_frees)
         } else {
             String::new()
-        }
+        },
+        prices.description,
     );
     match report {
         Some(report) => {

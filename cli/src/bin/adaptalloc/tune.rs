@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use adaptalloc::policy::Policy;
 use anyhow::Context;
 
-use crate::common::{CapacityArgs, emit, load_traces};
+use adaptalloc_cli::tune::TuneOptions;
+
+use crate::common::{CapacityArgs, CostArgs, emit, load_traces};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -13,6 +15,13 @@ pub struct Args {
     traces: Vec<PathBuf>,
     #[command(flatten)]
     capacity: CapacityArgs,
+    #[command(flatten)]
+    prices: CostArgs,
+    /// Replay each trace N times back to back (N training steps) and rank the variants by the
+    /// driver time of all N passes, so that one which saves the first pass but costs every
+    /// later one loses: 1 to 10,000.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    repeat: u32,
     /// Start from this policy file or preset (default: the built-in default).
     #[arg(long)]
     policy: Option<String>,
@@ -33,8 +42,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(p) => Policy::load(p)?,
     };
     let traces = load_traces(&args.traces, args.lenient, args.window)?;
-    let capacity = args.capacity.capacity()?;
-    let tuning = crate::progress::with_spinner("tuning", || adaptalloc_cli::tune::tune(&traces, capacity, &base));
+    let opts = TuneOptions {
+        capacity: args.capacity.capacity()?,
+        cost_model: args.prices.model()?,
+        repeat: args.repeat,
+    };
+    let tuning = crate::progress::with_spinner("tuning", || adaptalloc_cli::tune::tune(&traces, &opts, &base));
     if let Some(path) = &args.out {
         std::fs::write(path, tuning.best_policy.to_toml())
             .with_context(|| format!("{}: cannot write", path.display()))?;
