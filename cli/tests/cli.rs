@@ -156,6 +156,49 @@ fn sweep_json_has_the_documented_shape() {
     assert_eq!(keys(m), ["bytes", "factor", "strategy"]);
     let (bytes, factor) = (m["bytes"].as_u64().unwrap(), m["factor"].as_f64().unwrap());
     assert!(factor >= 1.0 && bytes >= t["peak_live_bytes"].as_u64().unwrap());
+    assert_eq!(
+        (json["policy"].as_str(), json["repeat"].as_u64()),
+        (Some("default"), Some(1))
+    );
+}
+
+/// `sweep --policy` finds where a tuned policy still completes: whole slabs, one driver
+/// allocation each, need a larger device than the default's pages on a training loop.
+#[test]
+fn sweep_takes_the_adaptive_policy_and_passes() {
+    let (a, whole) = (tmp("sw.csv"), write("whole.toml", b"[suballoc]\nbacking = \"whole\"\n"));
+    ok(&["synth", "training", "--out", a.to_str().unwrap()]);
+    let min = |extra: &[&str]| {
+        let mut args = vec![
+            "sweep",
+            a.to_str().unwrap(),
+            "--strategies",
+            "adaptive",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let json: Value = serde_json::from_str(&ok(&args)).unwrap();
+        assert_eq!(json["repeat"].as_u64(), Some(if extra.contains(&"3") { 3 } else { 1 }));
+        json["traces"][0]["min_capacity"][0]["bytes"].as_u64().unwrap()
+    };
+    let (pages, tuned) = (min(&[]), min(&["--policy", &whole]));
+    assert!(tuned > pages + pages / 20, "whole slabs {tuned} against pages {pages}");
+    assert!(min(&["--policy", &whole, "--repeat", "3"]) >= tuned);
+    let text = ok(&[
+        "sweep",
+        a.to_str().unwrap(),
+        "--strategies",
+        "adaptive",
+        "--policy",
+        &whole,
+    ]);
+    assert!(
+        text.starts_with(&format!("adaptive's policy: {whole}; 1 pass")),
+        "{text}"
+    );
+    let err = fails(&["sweep", a.to_str().unwrap(), "--policy", "no-such-policy"]);
+    assert!(err.contains("no-such-policy") && err.contains("presets"), "{err}");
 }
 
 #[test]

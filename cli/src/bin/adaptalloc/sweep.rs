@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use adaptalloc::policy::Policy;
 use adaptalloc::size::ByteSize;
 use adaptalloc_cli::compare::{CompareOptions, min_capacity};
 use anyhow::bail;
@@ -28,6 +29,15 @@ pub struct Args {
     /// The `pytorch` peers' PYTORCH_CUDA_ALLOC_CONF (as in compare).
     #[arg(long, default_value = "")]
     pytorch_conf: adaptalloc_cli::peers::PytorchConf,
+    /// The `adaptive` strategy's policy: a preset name or a policy file (default: the default
+    /// policy), e.g. the one `tune` or a tuning report recommended, to see where it still
+    /// completes.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Replay each trace N times back to back: a capacity counts only where every pass
+    /// completes (1 to 10,000).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    repeat: u32,
 }
 
 #[derive(Serialize)]
@@ -47,6 +57,10 @@ struct TraceSweep {
 
 #[derive(Serialize)]
 struct Sweep {
+    /// The `adaptive` strategy's policy (the preset or file given, or "default") and the
+    /// passes replayed.
+    policy: String,
+    repeat: u32,
     traces: Vec<TraceSweep>,
 }
 
@@ -58,9 +72,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let traces = load_traces(&args.traces, args.lenient, args.window)?;
     let opts = CompareOptions {
         pytorch_conf: args.pytorch_conf.clone(),
+        policy: args.policy.as_deref().map(Policy::load).transpose()?,
+        repeat: args.repeat,
         ..Default::default()
     };
+    let policy = args.policy.clone().unwrap_or_else(|| "default".into());
     let sweep = crate::progress::with_spinner("searching capacities", || Sweep {
+        policy,
+        repeat: args.repeat,
         traces: traces
             .iter()
             .map(|t| {
@@ -88,6 +107,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut text = String::new();
+    if args.policy.is_some() || args.repeat > 1 {
+        text += &format!(
+            "adaptive's policy: {}; {} pass(es) of each trace\n",
+            sweep.policy, sweep.repeat
+        );
+    }
     for t in &sweep.traces {
         text += &format!("{}: peak live {}\n", t.trace, ByteSize(t.peak_live_bytes));
         for m in &t.min_capacity {
