@@ -118,3 +118,34 @@ pub fn stub_hooks() -> StubHooks {
         }
     }
 }
+
+/// The variable that tells a test it runs as the child of [`in_child_on_stub`].
+pub const CHILD: &str = "ADAPTALLOC_STUB_CUDA_CHILD";
+/// The stub device's capacity in the tests that run on it.
+pub const CAPACITY: u64 = 96 << 20;
+
+/// In the child process (test `name` run again with `CHILD` set to it): runs `child`. Otherwise
+/// runs test `name` again in a child process whose libcuda is the stub (the loader reads
+/// LD_LIBRARY_PATH at process start), with `CHILD` set to `name` and the `env` given; the child
+/// must succeed and print `marker`. Skips, saying why, where the stub cannot be used.
+pub fn in_child_on_stub(name: &str, env: &[(&str, &str)], marker: &str, child: fn()) {
+    if is_child(name) {
+        return child();
+    }
+    let Some(dir) = stub_or_skip(name) else {
+        return;
+    };
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(CHILD, name)
+        .envs(env.iter().copied());
+    let (ok, text) = run_on_stub(&mut cmd, &dir, CAPACITY);
+    assert!(ok, "child failed:\n{text}");
+    assert!(text.contains(marker), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// True in the child of [`in_child_on_stub`] for test `name`.
+pub fn is_child(name: &str) -> bool {
+    std::env::var(CHILD).is_ok_and(|v| v == name)
+}
