@@ -185,13 +185,37 @@ def _source(snapshot):
     )
 
 
-def analyze_snapshot(snapshot, capacity=None, capacity_factor=None, strategies=None, pytorch_conf=None):
+def _repeat(repeat):
+    """``repeat`` checked before the native call: an int of passes, 1 to 10,000."""
+    if isinstance(repeat, bool) or not isinstance(repeat, int):
+        raise TypeError("repeat: give an int of passes, 1 to 10,000 (got %r)" % (repeat,))
+    if not 1 <= repeat <= 10_000:
+        raise ValueError("repeat must be 1 to 10,000 (got %d)" % repeat)
+    return repeat
+
+
+def _cost_model(cost_model):
+    """``cost_model`` as a path string, or None for the built-in default model."""
+    if cost_model is None:
+        return None
+    if not isinstance(cost_model, (str, os.PathLike)):
+        raise TypeError("cost_model: give the path of a cost model file (got %s)" % type(cost_model).__name__)
+    return os.fspath(cost_model)
+
+
+def analyze_snapshot(snapshot, capacity=None, capacity_factor=None, strategies=None, pytorch_conf=None,
+                     repeat=1, cost_model=None):
     """What adaptalloc's strategies and the allocators people run (PyTorch's, with
     ``pytorch_conf`` as PYTORCH_CUDA_ALLOC_CONF; CUDA's pool; RMM; IREE) do on ``snapshot``, on a
     simulated device of ``capacity`` bytes or ``capacity_factor`` x the snapshot's peak (80 GiB
-    when neither is given). ``strategies``: one name or a list (all of them when None). The same
-    structure as ``adaptalloc compare --format json``."""
+    when neither is given). ``strategies``: one name or a list (all of them when None).
+    ``repeat``: passes back to back (training steps; with 2 or more, each result splits its
+    modelled time into ``first_pass_ns``, ``warmup_ns`` and ``steady_pass_ns``). ``cost_model``:
+    a cost model file to price driver calls with (``adaptalloc gpu-bench`` writes one for your
+    GPU; the built-in default when None). The same structure as ``adaptalloc compare --format
+    json``."""
     path, data = _source(snapshot)
+    repeat, cost_model = _repeat(repeat), _cost_model(cost_model)
     if isinstance(strategies, str):
         strategies = [strategies]  # one name, not its letters
     if strategies is not None:
@@ -206,14 +230,20 @@ def analyze_snapshot(snapshot, capacity=None, capacity_factor=None, strategies=N
         capacity_factor=capacity_factor,
         strategies=strategies,
         pytorch_conf=pytorch_conf,
+        repeat=repeat,
+        cost_model=cost_model,
     )
     return json.loads(text)
 
 
-def report(snapshot, capacity=None, capacity_factor=None, policy=None):
+def report(snapshot, capacity=None, capacity_factor=None, policy=None, repeat=1, cost_model=None):
     """The tuning report (Markdown) of the default policy, or ``policy`` (a preset name or a
-    policy file), replaying ``snapshot`` on a simulated device."""
+    policy file), replaying ``snapshot`` ``repeat`` times on a simulated device, priced by
+    ``cost_model`` (a file; the built-in default when None). Its advice is kept only where
+    replaying it, at those prices, fails nothing more and costs less."""
     path, data = _source(snapshot)
+    repeat, cost_model = _repeat(repeat), _cost_model(cost_model)
     return _native.report_markdown(
-        path=path, data=data, capacity=capacity, capacity_factor=capacity_factor, policy=policy
+        path=path, data=data, capacity=capacity, capacity_factor=capacity_factor, policy=policy,
+        repeat=repeat, cost_model=cost_model,
     )

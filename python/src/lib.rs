@@ -40,10 +40,33 @@ fn capacity_of(capacity: Option<u64>, factor: Option<f64>) -> PyResult<Capacity>
     }
 }
 
+/// Passes of the trace, back to back: 1 to 10,000, as the command line's `--repeat`.
+fn repeat_of(repeat: u32) -> PyResult<u32> {
+    if (1..=10_000).contains(&repeat) {
+        Ok(repeat)
+    } else {
+        Err(PyValueError::new_err(format!(
+            "repeat must be 1 to 10,000 (got {repeat})"
+        )))
+    }
+}
+
+/// The cost model in the file at `path` (an error names the file, line and key), or the
+/// built-in default.
+fn cost_model_of(path: Option<&str>) -> PyResult<adaptalloc_core::device::CostModel> {
+    match path {
+        Some(p) => adaptalloc_core::device::CostModel::from_file(Path::new(p))
+            .map_err(|e| PyValueError::new_err(e.to_string())),
+        None => Ok(Default::default()),
+    }
+}
+
 /// `adaptalloc compare --format json` on one snapshot: every strategy and peer (or
-/// `strategies`), as a JSON string.
+/// `strategies`), `repeat` passes, priced by the cost model at `cost_model` (a file), as a JSON
+/// string.
 #[pyfunction]
-#[pyo3(signature = (path=None, data=None, capacity=None, capacity_factor=None, strategies=None, pytorch_conf=None))]
+#[pyo3(signature = (path=None, data=None, capacity=None, capacity_factor=None, strategies=None, pytorch_conf=None, repeat=1, cost_model=None))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
 fn compare_json(
     path: Option<&str>,
     data: Option<&[u8]>,
@@ -51,6 +74,8 @@ fn compare_json(
     capacity_factor: Option<f64>,
     strategies: Option<Vec<String>>,
     pytorch_conf: Option<&str>,
+    repeat: u32,
+    cost_model: Option<&str>,
 ) -> PyResult<String> {
     let trace = trace_of(path, data)?;
     let contenders = match strategies {
@@ -72,22 +97,27 @@ fn compare_json(
         contenders,
         capacity: capacity_of(capacity, capacity_factor)?,
         pytorch_conf,
+        repeat: repeat_of(repeat)?,
+        cost_model: cost_model_of(cost_model)?,
         ..CompareOptions::default()
     };
     serde_json::to_string(&compare(&[trace], &opts)).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// The tuning report (Markdown) of the default policy, or `policy` (a preset name or a policy
-/// file), replaying one snapshot; its recommendation replayed as `adaptalloc replay` does
+/// file), replaying one snapshot `repeat` times, priced by the cost model at `cost_model`; its
+/// recommendation replayed as `adaptalloc replay` does
 /// ([`adaptalloc_cli::advice::run_with_advice`]).
 #[pyfunction]
-#[pyo3(signature = (path=None, data=None, capacity=None, capacity_factor=None, policy=None))]
+#[pyo3(signature = (path=None, data=None, capacity=None, capacity_factor=None, policy=None, repeat=1, cost_model=None))]
 fn report_markdown(
     path: Option<&str>,
     data: Option<&[u8]>,
     capacity: Option<u64>,
     capacity_factor: Option<f64>,
     policy: Option<&str>,
+    repeat: u32,
+    cost_model: Option<&str>,
 ) -> PyResult<String> {
     use std::sync::Arc;
 
@@ -101,7 +131,14 @@ fn report_markdown(
     };
     let cap = capacity_of(capacity, capacity_factor)?
         .bytes_for(trace.peak_live_bytes(), Granularity::default().large_granule);
-    let run = run_with_advice(&trace, &policy, Default::default(), || Arc::new(SimDevice::new(cap)));
+    let options = adaptalloc_cli::trace::ReplayOptions {
+        repeat: repeat_of(repeat)?,
+        sync_every: None,
+    };
+    let prices = cost_model_of(cost_model)?;
+    let run = run_with_advice(&trace, &policy, options, || {
+        Arc::new(SimDevice::builder().capacity(cap).cost_model(prices.clone()).build())
+    });
     Ok(run.report.to_string())
 }
 

@@ -180,6 +180,45 @@ def test_one_strategy_name_is_one_strategy_and_refusals_are_counted(tmp_path):
     assert "| failed / recovered OOM / pressure events | 2 / 0 / 0 |" in text, text
 
 
+@pytest.mark.skipif(not os.path.exists(CLI), reason="target/release/adaptalloc is not built")
+def test_passes_and_prices_reach_the_analysis_as_on_the_command_line(tmp_path):
+    trace, fast = str(tmp_path / "serving.csv"), os.path.join(ROOT, "tuning", "cost-models", "vmm-fast.toml")
+    subprocess.run([CLI, "synth", "serving", "--out", trace], check=True, capture_output=True)
+    args = dict(capacity_factor=1.5, strategies=["adaptive", "pytorch"])
+    ours = adaptalloc.analyze_snapshot(trace, repeat=3, cost_model=fast, **args)
+    cli = subprocess.run([CLI, "compare", trace, "--capacity-factor", "1.5", "--strategies", "adaptive,pytorch",
+                          "--repeat", "3", "--cost-model", fast, "--format", "json"],
+                         capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stderr
+    assert without_timing(ours) == without_timing(json.loads(cli.stdout))
+    adaptive = ours["traces"][0]["results"][0]
+    assert adaptive["steady_pass_ns"] is not None and adaptive["first_pass_ns"] > 0
+    default = adaptalloc.analyze_snapshot(trace, repeat=3, **args)["traces"][0]["results"][0]
+    assert adaptive["modeled_driver_ns"] < default["modeled_driver_ns"] / 2, "cuMemCreate 25x cheaper"
+    # The report at those prices: one pass's driver time as `adaptalloc replay` gives it.
+    text = adaptalloc.report(trace, capacity_factor=1.5, repeat=3, cost_model=fast)
+    replay = subprocess.run([CLI, "replay", trace, "--capacity-factor", "1.5", "--repeat", "3", "--cost-model", fast],
+                            capture_output=True, text=True, timeout=600)
+    assert replay.returncode == 0, replay.stderr
+    summary = [line for line in text.splitlines() if line.startswith("| driver time |")]
+    assert summary and summary[0] in replay.stdout, (summary, replay.stdout)
+    for bad, error, match in [(0, ValueError, "repeat must be 1 to 10,000 \\(got 0\\)"),
+                              (10_001, ValueError, "got 10001"), (True, TypeError, "repeat: give an int"),
+                              (2.0, TypeError, "repeat: give an int")]:
+        with pytest.raises(error, match=match):
+            adaptalloc.analyze_snapshot(trace, repeat=bad)
+        with pytest.raises(error, match=match):
+            adaptalloc.report(trace, repeat=bad)
+    with pytest.raises(ValueError, match="no-such-prices.toml"):
+        adaptalloc.analyze_snapshot(trace, cost_model="no-such-prices.toml")
+    bad_model = tmp_path / "bad.toml"
+    bad_model.write_text('description = "x"\nbogus = 1\n')
+    with pytest.raises(ValueError, match="bad.toml:2.*bogus"):
+        adaptalloc.report(trace, cost_model=bad_model)
+    with pytest.raises(TypeError, match="cost_model: give the path"):
+        adaptalloc.report(trace, cost_model=3)
+
+
 def test_a_pickle_whose_shared_references_explode_is_one_clear_error():
     deep = os.path.join(ROOT, "fuzz", "seeds", "snapshot", "shared-lists-40-deep.pickle")
     with pytest.raises(ValueError, match="shared references expand"):
