@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::compare::Capacity;
+use crate::compare::{Capacity, CompareOptions, Contender, min_capacity};
 use crate::trace::{ReplayOptions, Trace, replay_with};
 use adaptalloc::allocator::Allocator;
 use adaptalloc::device::{CostModel, Device, Granularity, SimDevice};
 use adaptalloc::policy::{Policy, Segregate, SizeOrFraction};
+use adaptalloc::size::ByteSize;
 use adaptalloc::strategy::SlabBacking;
 
 /// One policy variant over every trace.
@@ -53,6 +54,38 @@ pub struct Tuning {
     /// Passes of each trace, and the cost model's description.
     pub repeat: u32,
     pub prices: String,
+    /// What the winner gives up, where it is not the base policy: the smallest device on which
+    /// each trace completes (every pass) under the base policy and under the winner.
+    pub smallest: Vec<Smallest>,
+}
+
+/// The smallest device (to 0.5%, up to 64x peak live) on which one trace completes.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Smallest {
+    pub trace: String,
+    pub peak_live_bytes: u64,
+    /// None where it fails even at 64x peak live.
+    pub base_bytes: Option<u64>,
+    pub winner_bytes: Option<u64>,
+}
+
+/// The smallest device on which `trace` completes every pass under `policy`.
+fn smallest_device(trace: &Trace, policy: &Policy, opts: &TuneOptions) -> Option<u64> {
+    let compare = CompareOptions {
+        contenders: vec![Contender::Adaptive],
+        repeat: opts.repeat.max(1),
+        cost_model: opts.cost_model.clone(),
+        policy: Some(policy.clone()),
+        ..CompareOptions::default()
+    };
+    let peak = trace.peak_live_bytes();
+    min_capacity(
+        trace,
+        Contender::Adaptive,
+        &compare,
+        0.005,
+        peak.saturating_mul(64).max(64 << 20),
+    )
 }
 
 /// The label of the base policy's row.
@@ -187,6 +220,19 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
         ),
         None => "the only candidate".into(),
     };
+    let smallest = if best == 0 {
+        Vec::new()
+    } else {
+        traces
+            .iter()
+            .map(|t| Smallest {
+                trace: t.name.clone(),
+                peak_live_bytes: t.peak_live_bytes(),
+                base_bytes: smallest_device(t, base, opts),
+                winner_bytes: smallest_device(t, &candidates[best].1, opts),
+            })
+            .collect()
+    };
     let mut best_policy = candidates[best].1.clone();
     best_policy.description = format!("tuned by adaptalloc tune: {}", w.label);
     Tuning {
@@ -196,6 +242,7 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
         why,
         repeat: opts.repeat.max(1),
         prices: opts.cost_model.description.clone(),
+        smallest,
     }
 }
 
@@ -215,6 +262,31 @@ impl std::fmt::Display for Tuning {
                 "To apply it: `adaptalloc tune ... --out FILE.toml` writes it; run with \
                  `ADAPTALLOC_POLICY=FILE.toml`.\n"
             )?;
+        }
+        if !self.smallest.is_empty() {
+            writeln!(
+                f,
+                "What the winner gives up: the smallest device on which each trace completes (to 0.5%), under the base \
+                 policy and under the winner. Tuned for one capacity, it may fail on a smaller device where the base \
+                 policy would not.\n"
+            )?;
+            writeln!(f, "| trace | peak live | base policy | winner |")?;
+            writeln!(f, "|---|---|---|---|")?;
+            let at = |b: Option<u64>, peak: u64| match b {
+                Some(b) => format!("{} ({:.3}x)", ByteSize(b), b as f64 / peak.max(1) as f64),
+                None => "never (64x)".into(),
+            };
+            for s in &self.smallest {
+                writeln!(
+                    f,
+                    "| {} | {} | {} | {} |",
+                    s.trace,
+                    ByteSize(s.peak_live_bytes),
+                    at(s.base_bytes, s.peak_live_bytes),
+                    at(s.winner_bytes, s.peak_live_bytes)
+                )?;
+            }
+            writeln!(f)?;
         }
         writeln!(f, "Priced by: {}.\n", self.prices)?;
         let passes = self.repeat > 1;

@@ -27,7 +27,8 @@ fn replay_ms(text: &str) -> f64 {
 
 /// At 4x peak live, three passes of the bundled training loop: under the default model (a 2 MiB
 /// page's cuMemCreate at 193 us) whole-slab driver allocations win, under vmm-fast.toml (7.6
-/// us) they do not. Each winner beats the baseline, and each ranking counts all three passes.
+/// us) they do not. Each winner beats the baseline, each ranking counts all three passes, and
+/// the report says what the winner gives up: the smallest device it completes on.
 #[test]
 fn tune_s_winner_follows_the_prices() {
     let spec = WorkloadSpec::bundled("training").unwrap();
@@ -52,10 +53,17 @@ fn tune_s_winner_follows_the_prices() {
             );
         }
         assert!(t.to_string().contains(&t.prices), "{model}: the table names its prices");
-        best.label.clone()
+        (best.label.clone(), t.smallest)
     };
-    let (default, fast) = (winner("default"), winner("vmm-fast"));
+    let ((default, smallest), (fast, _)) = (winner("default"), winner("vmm-fast"));
     assert_eq!(default, "suballoc.backing whole");
+    // What it gives up: whole slabs strand what pages give back, so the loop needs a larger
+    // device to complete at all.
+    let [s] = &smallest[..] else {
+        panic!("one trace: {smallest:?}")
+    };
+    let (base, tuned) = (s.base_bytes.unwrap(), s.winner_bytes.unwrap());
+    assert!(base >= s.peak_live_bytes && tuned > base + base / 20, "{s:?}");
     assert_ne!(
         fast, default,
         "under vmm-fast.toml pages cost 25x less: the winner changes"
