@@ -306,6 +306,11 @@ impl std::fmt::Display for Tuning {
         } else {
             writeln!(
                 f,
+                "One pass of each trace: a variant that saves the first pass but pays again on every later one can \
+                 win here; `--repeat N` ranks by N passes (N training steps).\n"
+            )?;
+            writeln!(
+                f,
                 "| policy variant | failed | driver calls | driver time (ms) | worst reserved/live |"
             )?;
             writeln!(f, "|---|---|---|---|---|")?;

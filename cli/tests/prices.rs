@@ -107,9 +107,10 @@ fn replay_and_tune_take_a_cost_model() {
     );
     let single = ok(&["tune", trace, "--capacity-factor", "2"]);
     assert!(
-        !single.contains("first pass") && single.contains("Priced by: Default CUDA"),
+        single.contains("One pass of each trace") && !single.contains("| first pass (ms) |"),
         "{single}"
     );
+    assert!(single.contains("Priced by: Default CUDA"), "{single}");
 
     // Bad prices or passes: one line naming the file and key, or the flag and its range.
     let bad = write("prices-bad.toml", b"description = \"x\"\nbogus = 1\n");
