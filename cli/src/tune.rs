@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::compare::{Capacity, CompareOptions, Contender, min_capacity};
+use crate::compare::{Capacity, CompareOptions, Contender, TenantSpec, min_capacity};
 use crate::trace::{ReplayOptions, Trace, replay_with};
 use adaptalloc::allocator::Allocator;
 use adaptalloc::device::{CostModel, Device, Granularity, SimDevice};
@@ -24,6 +24,8 @@ pub struct Trial {
     /// What differs from the base policy.
     pub label: String,
     pub failed_allocs: u64,
+    /// Takes of the co-tenant the device refused (with `TuneOptions::tenant`).
+    pub tenant_failures: u64,
     pub driver_calls: u64,
     pub modeled_driver_ns: u64,
     /// Of that, the first passes and the steady state (the mean of a later pass), summed over
@@ -34,6 +36,13 @@ pub struct Trial {
     pub max_reserved_over_live: f64,
 }
 
+impl Trial {
+    /// What ranks first: failed allocations, and the co-tenant's refused takes.
+    pub fn failures(&self) -> u64 {
+        self.failed_allocs + self.tenant_failures
+    }
+}
+
 /// How `tune` replays: the device, the prices and the passes.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
@@ -42,6 +51,9 @@ pub struct TuneOptions {
     pub cost_model: CostModel,
     /// Passes of each trace, back to back (1 to 10,000).
     pub repeat: u32,
+    /// A co-tenant taking memory mid-run: each take it is refused counts as a failure, so a
+    /// variant that keeps more idle memory than the co-tenant leaves room for loses.
+    pub tenant: Option<TenantSpec>,
 }
 
 /// What `tune` tried, and the winner.
@@ -54,6 +66,8 @@ pub struct Tuning {
     /// Passes of each trace, and the cost model's description.
     pub repeat: u32,
     pub prices: String,
+    /// A co-tenant was replayed beside each trace.
+    pub tenant: bool,
     /// What the winner gives up, where it is not the base policy: the smallest device on which
     /// each trace completes (every pass) under the base policy and under the winner.
     pub smallest: Vec<Smallest>,
@@ -76,6 +90,7 @@ fn smallest_device(trace: &Trace, policy: &Policy, opts: &TuneOptions) -> Option
         repeat: opts.repeat.max(1),
         cost_model: opts.cost_model.clone(),
         policy: Some(policy.clone()),
+        tenant: opts.tenant,
         ..CompareOptions::default()
     };
     let peak = trace.peak_live_bytes();
@@ -154,6 +169,7 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
             let mut t = Trial {
                 label: label.clone(),
                 failed_allocs: 0,
+                tenant_failures: 0,
                 driver_calls: 0,
                 modeled_driver_ns: 0,
                 first_pass_ns: 0,
@@ -162,15 +178,18 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
             };
             for trace in traces {
                 let cap = opts.capacity.bytes_for(trace.peak_live_bytes(), granule);
+                let events = trace.events.len() as u64 * u64::from(replay.repeat);
                 let dev = Arc::new(
                     SimDevice::builder()
                         .capacity(cap)
                         .cost_model(opts.cost_model.clone())
+                        .tenants(opts.tenant.map(|t| t.script(events)).unwrap_or_default())
                         .build(),
                 );
                 let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy.clone());
                 let m = replay_with(trace, &alloc, replay, |i| dev.advance_clock(i));
                 t.failed_allocs += m.failed_allocs;
+                t.tenant_failures += dev.tenant_failures();
                 t.driver_calls += m.driver_calls;
                 t.modeled_driver_ns += m.modeled_driver_ns;
                 t.first_pass_ns += m.passes.first_pass_ns;
@@ -182,8 +201,8 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
         })
         .collect();
     let rank = |x: &Trial, y: &Trial| {
-        (x.failed_allocs, x.modeled_driver_ns, x.driver_calls)
-            .cmp(&(y.failed_allocs, y.modeled_driver_ns, y.driver_calls))
+        (x.failures(), x.modeled_driver_ns, x.driver_calls)
+            .cmp(&(y.failures(), y.modeled_driver_ns, y.driver_calls))
             .then(x.max_reserved_over_live.total_cmp(&y.max_reserved_over_live))
     };
     // Ties go to the earlier row: the baseline wins unless a variant is strictly better.
@@ -200,9 +219,14 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
     let ms = |t: &Trial| t.modeled_driver_ns as f64 / 1e6;
     let why = match runner_up {
         Some(r) => format!(
-            "{} failed allocations and {:.1} ms modelled driver time ({} driver calls) over {} trace(s){}, against the \
-             runner-up's {} and {:.1} ms ({}); the baseline's {} and {:.1} ms; worst reserved/live {:.2}x",
+            "{} failed allocations{} and {:.1} ms modelled driver time ({} driver calls) over {} trace(s){}, against \
+             the runner-up's {} and {:.1} ms ({}); the baseline's {} and {:.1} ms; worst reserved/live {:.2}x",
             w.failed_allocs,
+            if opts.tenant.is_some() {
+                format!(" and {} co-tenant takes refused", w.tenant_failures)
+            } else {
+                String::new()
+            },
             ms(w),
             w.driver_calls,
             traces.len(),
@@ -211,10 +235,10 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
             } else {
                 String::new()
             },
-            r.failed_allocs,
+            r.failures(),
             ms(r),
             r.label,
-            trials[0].failed_allocs,
+            trials[0].failures(),
             ms(&trials[0]),
             w.max_reserved_over_live
         ),
@@ -242,6 +266,7 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
         why,
         repeat: opts.repeat.max(1),
         prices: opts.cost_model.description.clone(),
+        tenant: opts.tenant.is_some(),
         smallest,
     }
 }
@@ -289,6 +314,19 @@ impl std::fmt::Display for Tuning {
             writeln!(f)?;
         }
         writeln!(f, "Priced by: {}.\n", self.prices)?;
+        if self.tenant {
+            writeln!(
+                f,
+                "A co-tenant was replayed beside each trace: each take the device refused it counts as a failed \
+                 allocation.\n"
+            )?;
+        } else {
+            writeln!(
+                f,
+                "No co-tenant was replayed: a variant that keeps more memory idle (a higher bounds.spare_share) leaves \
+                 less to other processes; `--tenant SIZE@START..END` ranks with one beside each trace.\n"
+            )?;
+        }
         let passes = self.repeat > 1;
         if passes {
             writeln!(
@@ -323,12 +361,17 @@ impl std::fmt::Display for Tuning {
             } else {
                 String::new()
             };
+            let failed = if self.tenant {
+                format!("{} (+{} co-tenant)", t.failed_allocs, t.tenant_failures)
+            } else {
+                t.failed_allocs.to_string()
+            };
             writeln!(
                 f,
                 "| {}{} | {} | {} | {:.1} |{} {:.2} |",
                 t.label,
                 mark,
-                t.failed_allocs,
+                failed,
                 t.driver_calls,
                 ms(t.modeled_driver_ns),
                 split,

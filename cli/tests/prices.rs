@@ -1,6 +1,7 @@
 //! Driver prices reach every command that models time: `replay` (its tuning report and the
 //! advice it checks by replay) and `tune` (which ranks policies by modelled time over every
-//! pass) take `--cost-model`, and `tune`'s winner follows the prices.
+//! pass) take `--cost-model`, and `tune`'s winner follows the prices; with `--tenant`, it
+//! leaves the co-tenant its room.
 
 mod bin_support;
 
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use adaptalloc::device::CostModel;
 use adaptalloc::policy::Policy;
-use adaptalloc_cli::compare::Capacity;
+use adaptalloc_cli::compare::{Capacity, TenantSpec};
 use adaptalloc_cli::synth::WorkloadSpec;
 use adaptalloc_cli::tune::{BASELINE, TuneOptions, tune};
 use bin_support::{fails, ok, tmp, write};
@@ -38,6 +39,7 @@ fn tune_s_winner_follows_the_prices() {
             capacity: Capacity::Factor(4.0),
             cost_model: CostModel::from_file(&model_path(model)).unwrap(),
             repeat: 3,
+            tenant: None,
         };
         let t = tune(&traces, &opts, &Policy::default());
         let (base, best) = (&t.trials[0], &t.trials[t.best]);
@@ -68,6 +70,47 @@ fn tune_s_winner_follows_the_prices() {
         fast, default,
         "under vmm-fast.toml pages cost 25x less: the winner changes"
     );
+}
+
+/// Serving at 1.5x peak live, three passes, beside a co-tenant that takes 1.5 GiB (most of
+/// the slack passthrough leaves) in the second pass: alone, whole slabs win and would refuse
+/// it; with it, the winner is a variant that leaves it room, at a higher driver time.
+#[test]
+fn tune_with_a_co_tenant_leaves_it_room() {
+    let spec = WorkloadSpec::bundled("serving").unwrap();
+    let traces = [spec.generate(spec.seed)];
+    let run = |tenant: Option<TenantSpec>| {
+        let opts = TuneOptions {
+            capacity: Capacity::Factor(1.5),
+            cost_model: CostModel::default(),
+            repeat: 3,
+            tenant,
+        };
+        tune(&traces, &opts, &Policy::default())
+    };
+    let alone = run(None);
+    let tenant: TenantSpec = "1500MiB@0.4..0.6".parse().unwrap();
+    let beside = run(Some(tenant));
+    let (a, b) = (&alone.trials[alone.best], &beside.trials[beside.best]);
+    assert_eq!(a.label, "suballoc.backing whole");
+    assert_eq!((b.failed_allocs, b.tenant_failures), (0, 0), "{b:?}");
+    assert_ne!(b.label, a.label);
+    assert!(
+        b.modeled_driver_ns > a.modeled_driver_ns,
+        "room for the co-tenant costs time"
+    );
+    let whole = beside.trials.iter().find(|t| t.label == a.label).unwrap();
+    assert!(
+        whole.tenant_failures > 0,
+        "alone's winner refuses the co-tenant: {whole:?}"
+    );
+    assert!(alone.trials.iter().all(|t| t.tenant_failures == 0));
+    let text = beside.to_string();
+    assert!(
+        text.contains("A co-tenant was replayed") && text.contains("(+1 co-tenant)"),
+        "{text}"
+    );
+    assert!(alone.to_string().contains("No co-tenant was replayed"));
 }
 
 #[test]
@@ -126,6 +169,8 @@ fn replay_and_tune_take_a_cost_model() {
             "{cmd}: {err}"
         );
     }
+    let err = fails(&["tune", trace, "--tenant", "2GiB@0.6..0.3"]);
+    assert!(err.contains("tenant") && err.contains("START <= END"), "{err}");
     let err = fails(&["tune", trace, "--repeat", "0"]);
     assert!(err.contains("--repeat") && err.contains("1..=10000"), "{err}");
 }

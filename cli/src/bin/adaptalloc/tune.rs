@@ -22,6 +22,10 @@ pub struct Args {
     /// later one loses: 1 to 10,000.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     repeat: u32,
+    /// A co-tenant beside each trace, e.g. 2GiB@0.3..0.6 (as in compare): each take of it the
+    /// device refuses counts as a failure, so variants that leave it no room lose.
+    #[arg(long)]
+    tenant: Option<adaptalloc_cli::compare::TenantSpec>,
     /// Start from this policy file or preset (default: the built-in default).
     #[arg(long)]
     policy: Option<String>,
@@ -46,6 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         capacity: args.capacity.capacity()?,
         cost_model: args.prices.model()?,
         repeat: args.repeat,
+        tenant: args.tenant,
     };
     let tuning = crate::progress::with_spinner("tuning", || adaptalloc_cli::tune::tune(&traces, &opts, &base));
     if let Some(path) = &args.out {
