@@ -27,6 +27,7 @@ __all__ = [
     "synchronize_stream",
     "last_error",
     "analyze_snapshot",
+    "tune",
     "report",
 ]
 
@@ -232,6 +233,30 @@ def analyze_snapshot(snapshot, capacity=None, capacity_factor=None, strategies=N
         pytorch_conf=pytorch_conf,
         repeat=repeat,
         cost_model=cost_model,
+    )
+    return json.loads(text)
+
+
+def tune(snapshot, capacity=None, capacity_factor=None, policy=None, repeat=1, cost_model=None, tenant=None):
+    """``adaptalloc tune`` on ``snapshot``: the base policy (``policy``, a preset name or a policy
+    file; the default when None) and a grid of variants of it, ``suballoc.backing`` included,
+    each replayed ``repeat`` times on a simulated device of ``capacity`` bytes or
+    ``capacity_factor`` x the snapshot's peak, priced by ``cost_model`` (a file; the built-in
+    default when None), beside the co-tenant ``tenant`` ("SIZE@START..END", e.g.
+    "2GiB@0.3..0.6") when given. The winner fails least (a co-tenant's refused take counts),
+    then takes the least modelled driver time over all passes. Returns a dict: ``trials``,
+    ``best`` (the winner's index), ``why``, ``smallest`` (the smallest device each trace
+    completes on, under the base policy and the winner), ``policy_toml`` (the winner as a
+    policy file, for ``ADAPTALLOC_POLICY`` or ``install(policy=...)``) and ``markdown`` (the
+    command line's table)."""
+    path, data = _source(snapshot)
+    repeat, cost_model = _repeat(repeat), _cost_model(cost_model)
+    if tenant is not None and not isinstance(tenant, str):
+        raise TypeError("tenant: give SIZE@START..END as a str, e.g. \"2GiB@0.3..0.6\" (got %s)"
+                        % type(tenant).__name__)
+    text = _native.tune_json(
+        path=path, data=data, capacity=capacity, capacity_factor=capacity_factor, policy=policy,
+        repeat=repeat, cost_model=cost_model, tenant=tenant,
     )
     return json.loads(text)
 

@@ -142,6 +142,47 @@ fn report_markdown(
     Ok(run.report.to_string())
 }
 
+/// `adaptalloc tune` on one snapshot: the base policy (`policy`, or the default) and a grid of
+/// variants replayed `repeat` times on a simulated device, priced by `cost_model`, beside the
+/// co-tenant `tenant` (`SIZE@START..END`) if given; as a JSON string with the winner's policy
+/// file (`policy_toml`) and the Markdown table (`markdown`) added.
+#[pyfunction]
+#[pyo3(signature = (path=None, data=None, capacity=None, capacity_factor=None, policy=None, repeat=1, cost_model=None, tenant=None))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
+fn tune_json(
+    path: Option<&str>,
+    data: Option<&[u8]>,
+    capacity: Option<u64>,
+    capacity_factor: Option<f64>,
+    policy: Option<&str>,
+    repeat: u32,
+    cost_model: Option<&str>,
+    tenant: Option<&str>,
+) -> PyResult<String> {
+    use adaptalloc_cli::compare::TenantSpec;
+    use adaptalloc_cli::tune::{TuneOptions, tune};
+    use adaptalloc_core::policy::Policy;
+    let trace = trace_of(path, data)?;
+    let base = match policy {
+        Some(p) => Policy::load(p).map_err(|e| PyValueError::new_err(e.to_string()))?,
+        None => Policy::default(),
+    };
+    let opts = TuneOptions {
+        capacity: capacity_of(capacity, capacity_factor)?,
+        cost_model: cost_model_of(cost_model)?,
+        repeat: repeat_of(repeat)?,
+        tenant: tenant
+            .map(|t| t.parse::<TenantSpec>())
+            .transpose()
+            .map_err(PyValueError::new_err)?,
+    };
+    let tuning = tune(&[trace], &opts, &base);
+    let mut json = serde_json::to_value(&tuning).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    json["policy_toml"] = tuning.best_policy.to_toml().into();
+    json["markdown"] = tuning.to_string().into();
+    Ok(json.to_string())
+}
+
 /// Checks a policy (a preset name or a file) as the allocator will read it: a ValueError that
 /// names the preset, or the file, line and key, before anything is swapped.
 #[pyfunction]
@@ -192,6 +233,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_policy, m)?)?;
     m.add_function(wrap_pyfunction!(compare_json, m)?)?;
     m.add_function(wrap_pyfunction!(report_markdown, m)?)?;
+    m.add_function(wrap_pyfunction!(tune_json, m)?)?;
     m.add_function(wrap_pyfunction!(torch_stats, m)?)?;
     Ok(())
 }

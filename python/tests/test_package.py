@@ -219,6 +219,32 @@ def test_passes_and_prices_reach_the_analysis_as_on_the_command_line(tmp_path):
         adaptalloc.report(trace, cost_model=3)
 
 
+@pytest.mark.skipif(not os.path.exists(CLI), reason="target/release/adaptalloc is not built")
+def test_tune_matches_the_command_line_and_its_policy_loads(tmp_path):
+    trace = str(tmp_path / "serving.csv")
+    subprocess.run([CLI, "synth", "serving", "--out", trace], check=True, capture_output=True)
+    args = ["--capacity-factor", "1.5", "--repeat", "3"]
+    for tenant in (None, "1500MiB@0.4..0.6"):
+        ours = adaptalloc.tune(trace, capacity_factor=1.5, repeat=3, tenant=tenant)
+        cli = subprocess.run([CLI, "tune", trace, *args, *(["--tenant", tenant] if tenant else [])],
+                             capture_output=True, text=True, timeout=600)
+        assert cli.returncode == 0, cli.stderr
+        assert ours["markdown"] == cli.stdout
+        winner = ours["trials"][ours["best"]]
+        assert winner["failed_allocs"] == 0 and winner["tenant_failures"] == 0, winner
+        assert ours["repeat"] == 3 and ours["tenant"] == (tenant is not None)
+        policy = tmp_path / "tuned.toml"
+        policy.write_text(ours["policy_toml"])
+        adaptalloc._native.check_policy(str(policy))
+        assert "tuned by adaptalloc tune: " + winner["label"] in ours["policy_toml"]
+    with pytest.raises(ValueError, match="tenant \"2GiB\": no '@'"):
+        adaptalloc.tune(trace, tenant="2GiB")
+    with pytest.raises(TypeError, match="tenant: give SIZE@START..END"):
+        adaptalloc.tune(trace, tenant=2 << 30)
+    with pytest.raises(ValueError, match="repeat must be 1 to 10,000"):
+        adaptalloc.tune(trace, repeat=0)
+
+
 def test_a_pickle_whose_shared_references_explode_is_one_clear_error():
     deep = os.path.join(ROOT, "fuzz", "seeds", "snapshot", "shared-lists-40-deep.pickle")
     with pytest.raises(ValueError, match="shared references expand"):
