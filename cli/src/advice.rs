@@ -42,6 +42,8 @@ pub fn run_with_advice(
     };
     let (metrics, dev, alloc) = run(policy, options);
     let mut report = alloc.report().expect("an allocator with a policy has a report");
+    // Modelled times are only as good as their prices: the report names them.
+    report.device = format!("{} priced by {:?}", report.device, dev.cost_model().description);
     let needed = passthrough_min_capacity(trace, Granularity::default());
     let advised = check_advice(
         &mut report,

@@ -127,6 +127,14 @@ fn replay_and_tune_take_a_cost_model() {
         "cuMemCreate 25x cheaper: {priced} against {base}"
     );
     assert!(base.contains("Priced by: Default CUDA driver cost model"), "{base}");
+    // The report file names its prices too: its times and its advice depend on them.
+    let md = tmp("prices-report.md");
+    ok(&["replay", trace, "--cost-model", fast, "--report", md.to_str().unwrap()]);
+    let report = std::fs::read_to_string(&md).unwrap();
+    assert!(
+        report.contains("priced by \"Default model with the faster published virtual-memory prices"),
+        "{report}"
+    );
     assert!(priced.contains("Priced by: Default model with the faster"), "{priced}");
 
     let table = ok(&[
