@@ -18,7 +18,7 @@ use workloads::traces;
 use adaptalloc::device::{CostModel, Granularity};
 use adaptalloc::size::{ByteSize, round_up};
 use adaptalloc_cli::compare::{
-    Capacity, CompareOptions, Contender, StrategyResult, min_capacity, passthrough_min_capacity, run_one,
+    Capacity, CompareOptions, Contender, StrategyResult, passthrough_min_capacity, run_one, smallest_capacity,
 };
 use adaptalloc_cli::trace::Trace;
 
@@ -236,10 +236,7 @@ fn main() {
     let mut min_short = Vec::new();
     for t in &traces {
         let peak = t.peak_live_bytes().max(1);
-        let mins: Vec<Option<u64>> = shown
-            .iter()
-            .map(|&s| min_capacity(t, s, &opts, 0.005, peak.saturating_mul(64).max(64 << 20)))
-            .collect();
+        let mins: Vec<Option<u64>> = shown.iter().map(|&s| smallest_capacity(t, s, &opts)).collect();
         let cells: Vec<String> = mins
             .iter()
             .map(|m| m.map_or("never".into(), |b| format!("{:.3}x", b as f64 / peak as f64)))

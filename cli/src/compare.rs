@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::peers::{PytorchConf, pytorch};
-use crate::trace::{ReplayOptions, ReplayTarget, Trace, replay_with};
+use crate::trace::{ReplayMetrics, ReplayOptions, ReplayTarget, Trace, replay_with};
 use adaptalloc::allocator::{Allocator, AllocatorConfig, StrategyConfig};
 use adaptalloc::device::{CostModel, Device, Granularity, SimDevice, TenantAction};
 use adaptalloc::policy::Policy;
@@ -339,24 +339,30 @@ impl CompareOptions {
             sync_every: self.sync_every,
         }
     }
+
+    /// A fresh SimDevice of `capacity` bytes, priced by the options' cost model, with their
+    /// co-tenant scripted over `events` events (a trace's events times the passes): the one
+    /// place a replay's device is built.
+    pub fn sim_device(&self, capacity: u64, events: u64) -> Arc<SimDevice> {
+        Arc::new(
+            SimDevice::builder()
+                .capacity(capacity)
+                .cost_model(self.cost_model.clone())
+                .tenants(self.tenant.map(|t| t.script(events)).unwrap_or_default())
+                .build(),
+        )
+    }
 }
 
-/// A fresh SimDevice of `capacity` bytes (with the co-tenant of `opts` scripted over `events`
-/// events) and a `contender` allocator on it.
+/// A fresh SimDevice of `capacity` bytes ([`CompareOptions::sim_device`]) and a `contender`
+/// allocator on it (the options' policy for `adaptive`).
 fn setup(
     contender: Contender,
     capacity: u64,
     opts: &CompareOptions,
     events: u64,
 ) -> (Arc<SimDevice>, Box<dyn ReplayTarget>) {
-    let script = opts.tenant.map(|t| t.script(events)).unwrap_or_default();
-    let dev = Arc::new(
-        SimDevice::builder()
-            .capacity(capacity)
-            .cost_model(opts.cost_model.clone())
-            .tenants(script)
-            .build(),
-    );
+    let dev = opts.sim_device(capacity, events);
     let alloc: Box<dyn ReplayTarget> = match (&opts.policy, contender) {
         (Some(policy), Contender::Adaptive) => Box::new(Allocator::with_policy(dev.clone(), policy.clone())),
         _ => contender.target(dev.clone() as Arc<dyn Device>, &opts.pytorch_conf),
@@ -364,11 +370,24 @@ fn setup(
     (dev, alloc)
 }
 
-/// Runs one contender over one trace on a fresh SimDevice of `capacity` bytes.
-pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions) -> StrategyResult {
-    let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
+/// Replays `trace` once per pass through `contender` (the options' policy for `adaptive`) on
+/// a fresh SimDevice of `capacity` bytes ([`CompareOptions::sim_device`]); returns the
+/// metrics and the device (its co-tenant's refusals).
+pub fn replay_one(
+    trace: &Trace,
+    contender: Contender,
+    capacity: u64,
+    opts: &CompareOptions,
+) -> (ReplayMetrics, Arc<SimDevice>) {
+    let events = trace.events.len() as u64 * u64::from(opts.repeat.max(1));
     let (dev, alloc) = setup(contender, capacity, opts, events);
     let m = replay_with(trace, &*alloc, opts.replay_options(), |i| dev.advance_clock(i));
+    (m, dev)
+}
+
+/// Runs one contender over one trace on a fresh SimDevice of `capacity` bytes.
+pub fn run_one(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions) -> StrategyResult {
+    let (m, dev) = replay_one(trace, contender, capacity, opts);
     StrategyResult {
         strategy: contender.name().into(),
         completed: m.completed(),
@@ -614,6 +633,13 @@ pub fn timeline(trace: &Trace, contender: Contender, capacity: u64, opts: &Compa
 /// `g`: the most device memory its live blocks ever consume at once. Exact, no search.
 pub fn passthrough_min_capacity(trace: &Trace, g: Granularity) -> u64 {
     trace.peak_by(|size| g.consumed(adaptalloc::size::align_up(size, adaptalloc::size::ALIGNMENT)))
+}
+
+/// The smallest capacity, to 0.5%, on which `contender` completes `trace`, searched up to 64x
+/// its peak live bytes (64 MiB at least): what `sweep` reports. None when it fails even there.
+pub fn smallest_capacity(trace: &Trace, contender: Contender, opts: &CompareOptions) -> Option<u64> {
+    let most = trace.peak_live_bytes().saturating_mul(64).max(64 << 20);
+    min_capacity(trace, contender, opts, 0.005, most)
 }
 
 /// The smallest capacity (within `tolerance`, e.g. 0.005) on which `contender` completes

@@ -6,14 +6,11 @@
 //! calls are priced by the cost model given (a GPU's own, from `adaptalloc gpu-bench`), so the
 //! winner follows the prices.
 
-use std::sync::Arc;
-
 use serde::Serialize;
 
-use crate::compare::{Capacity, CompareOptions, Contender, TenantSpec, min_capacity};
-use crate::trace::{ReplayOptions, Trace, replay_with};
-use adaptalloc::allocator::Allocator;
-use adaptalloc::device::{CostModel, Device, Granularity, SimDevice};
+use crate::compare::{Capacity, CompareOptions, Contender, TenantSpec, replay_one, smallest_capacity};
+use crate::trace::Trace;
+use adaptalloc::device::{CostModel, Granularity};
 use adaptalloc::policy::{Policy, Segregate, SizeOrFraction};
 use adaptalloc::size::ByteSize;
 use adaptalloc::strategy::SlabBacking;
@@ -83,24 +80,18 @@ pub struct Smallest {
     pub winner_bytes: Option<u64>,
 }
 
-/// The smallest device on which `trace` completes every pass under `policy`.
-fn smallest_device(trace: &Trace, policy: &Policy, opts: &TuneOptions) -> Option<u64> {
-    let compare = CompareOptions {
-        contenders: vec![Contender::Adaptive],
-        repeat: opts.repeat.max(1),
-        cost_model: opts.cost_model.clone(),
-        policy: Some(policy.clone()),
-        tenant: opts.tenant,
-        ..CompareOptions::default()
-    };
-    let peak = trace.peak_live_bytes();
-    min_capacity(
-        trace,
-        Contender::Adaptive,
-        &compare,
-        0.005,
-        peak.saturating_mul(64).max(64 << 20),
-    )
+impl TuneOptions {
+    /// How `adaptive` under `policy` is replayed: these prices, passes and co-tenant.
+    fn compare(&self, policy: &Policy) -> CompareOptions {
+        CompareOptions {
+            contenders: vec![Contender::Adaptive],
+            repeat: self.repeat.max(1),
+            cost_model: self.cost_model.clone(),
+            policy: Some(policy.clone()),
+            tenant: self.tenant,
+            ..CompareOptions::default()
+        }
+    }
 }
 
 /// The label of the base policy's row.
@@ -144,28 +135,20 @@ fn variants(base: &Policy) -> Vec<(String, Policy)> {
     out
 }
 
-/// The policy file's word for `backing`.
-fn backing_name(backing: SlabBacking) -> &'static str {
-    match backing {
-        SlabBacking::Auto => "auto",
-        SlabBacking::Pages => "pages",
-        SlabBacking::LargeHandles => "large-handles",
-        SlabBacking::Whole => "whole",
-        SlabBacking::Blocks => "blocks",
-    }
+/// The policy file's word for `backing`, as the policy's own serialization writes it.
+fn backing_name(backing: SlabBacking) -> String {
+    let name = serde_json::to_value(backing).expect("a unit variant serializes");
+    name.as_str().expect("a unit variant serializes as its name").to_owned()
 }
 
 /// Tunes `base` for `traces` on devices of `opts.capacity`, priced by `opts.cost_model`.
 pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
     let granule = Granularity::default().large_granule;
     let candidates = variants(base);
-    let replay = ReplayOptions {
-        repeat: opts.repeat.max(1),
-        sync_every: None,
-    };
     let trials: Vec<Trial> = candidates
         .iter()
         .map(|(label, policy)| {
+            let compare = opts.compare(policy);
             let mut t = Trial {
                 label: label.clone(),
                 failed_allocs: 0,
@@ -178,16 +161,7 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
             };
             for trace in traces {
                 let cap = opts.capacity.bytes_for(trace.peak_live_bytes(), granule);
-                let events = trace.events.len() as u64 * u64::from(replay.repeat);
-                let dev = Arc::new(
-                    SimDevice::builder()
-                        .capacity(cap)
-                        .cost_model(opts.cost_model.clone())
-                        .tenants(opts.tenant.map(|t| t.script(events)).unwrap_or_default())
-                        .build(),
-                );
-                let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy.clone());
-                let m = replay_with(trace, &alloc, replay, |i| dev.advance_clock(i));
+                let (m, dev) = replay_one(trace, Contender::Adaptive, cap, &compare);
                 t.failed_allocs += m.failed_allocs;
                 t.tenant_failures += dev.tenant_failures();
                 t.driver_calls += m.driver_calls;
@@ -252,8 +226,8 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
             .map(|t| Smallest {
                 trace: t.name.clone(),
                 peak_live_bytes: t.peak_live_bytes(),
-                base_bytes: smallest_device(t, base, opts),
-                winner_bytes: smallest_device(t, &candidates[best].1, opts),
+                base_bytes: smallest_capacity(t, Contender::Adaptive, &opts.compare(base)),
+                winner_bytes: smallest_capacity(t, Contender::Adaptive, &opts.compare(&candidates[best].1)),
             })
             .collect()
     };

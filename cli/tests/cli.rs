@@ -6,7 +6,7 @@ mod common;
 
 mod bin_support;
 
-use bin_support::{fails, ok, tmp, write};
+use bin_support::{fails, ok, ok_json, tmp, write};
 use serde_json::Value;
 
 fn keys(v: &Value) -> Vec<String> {
@@ -169,7 +169,7 @@ fn sweep_takes_the_adaptive_policy_and_passes() {
     let (a, whole) = (tmp("sw.csv"), write("whole.toml", b"[suballoc]\nbacking = \"whole\"\n"));
     ok(&["synth", "training", "--out", a.to_str().unwrap()]);
     let min = |extra: &[&str]| {
-        let mut args = vec![
+        let base = [
             "sweep",
             a.to_str().unwrap(),
             "--strategies",
@@ -177,8 +177,7 @@ fn sweep_takes_the_adaptive_policy_and_passes() {
             "--format",
             "json",
         ];
-        args.extend_from_slice(extra);
-        let json: Value = serde_json::from_str(&ok(&args)).unwrap();
+        let json = ok_json(&[&base[..], extra].concat());
         assert_eq!(json["repeat"].as_u64(), Some(if extra.contains(&"3") { 3 } else { 1 }));
         json["traces"][0]["min_capacity"][0]["bytes"].as_u64().unwrap()
     };
@@ -601,7 +600,7 @@ fn compare_takes_a_cost_model_and_a_policy() {
     let a = tmp("cm.csv");
     ok(&["synth", "phase-change", "--out", a.to_str().unwrap()]);
     let ns = |extra: &[&str]| -> u64 {
-        let mut args = vec![
+        let base = [
             "compare",
             a.to_str().unwrap(),
             "--capacity-factor",
@@ -611,8 +610,7 @@ fn compare_takes_a_cost_model_and_a_policy() {
             "--format",
             "json",
         ];
-        args.extend_from_slice(extra);
-        let json: Value = serde_json::from_str(&ok(&args)).unwrap();
+        let json = ok_json(&[&base[..], extra].concat());
         json["traces"][0]["results"][0]["modeled_driver_ns"].as_u64().unwrap()
     };
     let root = env!("CARGO_MANIFEST_DIR");

@@ -61,6 +61,15 @@ fn cost_model_of(path: Option<&str>) -> PyResult<adaptalloc_core::device::CostMo
     }
 }
 
+/// The policy `policy` names (a preset or a file; an error names the file, line and key), or
+/// the default.
+fn policy_of(policy: Option<&str>) -> PyResult<adaptalloc_core::policy::Policy> {
+    match policy {
+        Some(p) => adaptalloc_core::policy::Policy::load(p).map_err(|e| PyValueError::new_err(e.to_string())),
+        None => Ok(Default::default()),
+    }
+}
+
 /// `adaptalloc compare --format json` on one snapshot: every strategy and peer (or
 /// `strategies`), `repeat` passes, priced by the cost model at `cost_model` (a file), as a JSON
 /// string.
@@ -119,26 +128,19 @@ fn report_markdown(
     repeat: u32,
     cost_model: Option<&str>,
 ) -> PyResult<String> {
-    use std::sync::Arc;
-
     use adaptalloc_cli::advice::run_with_advice;
-    use adaptalloc_core::device::{Granularity, SimDevice};
-    use adaptalloc_core::policy::Policy;
+    use adaptalloc_core::device::Granularity;
     let trace = trace_of(path, data)?;
-    let policy = match policy {
-        Some(p) => Policy::load(p).map_err(|e| PyValueError::new_err(e.to_string()))?,
-        None => Policy::default(),
-    };
+    let policy = policy_of(policy)?;
     let cap = capacity_of(capacity, capacity_factor)?
         .bytes_for(trace.peak_live_bytes(), Granularity::default().large_granule);
-    let options = adaptalloc_cli::trace::ReplayOptions {
+    let sim = CompareOptions {
         repeat: repeat_of(repeat)?,
-        sync_every: None,
+        cost_model: cost_model_of(cost_model)?,
+        ..CompareOptions::default()
     };
-    let prices = cost_model_of(cost_model)?;
-    let run = run_with_advice(&trace, &policy, options, || {
-        Arc::new(SimDevice::builder().capacity(cap).cost_model(prices.clone()).build())
-    });
+    let events = trace.events.len() as u64 * u64::from(sim.repeat);
+    let run = run_with_advice(&trace, &policy, sim.replay_options(), || sim.sim_device(cap, events));
     Ok(run.report.to_string())
 }
 
@@ -161,12 +163,8 @@ fn tune_json(
 ) -> PyResult<String> {
     use adaptalloc_cli::compare::TenantSpec;
     use adaptalloc_cli::tune::{TuneOptions, tune};
-    use adaptalloc_core::policy::Policy;
     let trace = trace_of(path, data)?;
-    let base = match policy {
-        Some(p) => Policy::load(p).map_err(|e| PyValueError::new_err(e.to_string()))?,
-        None => Policy::default(),
-    };
+    let base = policy_of(policy)?;
     let opts = TuneOptions {
         capacity: capacity_of(capacity, capacity_factor)?,
         cost_model: cost_model_of(cost_model)?,
@@ -187,9 +185,7 @@ fn tune_json(
 /// names the preset, or the file, line and key, before anything is swapped.
 #[pyfunction]
 fn check_policy(policy: &str) -> PyResult<()> {
-    adaptalloc_core::policy::Policy::load(policy)
-        .map(|_| ())
-        .map_err(|e| PyValueError::new_err(e.to_string()))
+    policy_of(Some(policy)).map(|_| ())
 }
 
 /// `device`'s statistics under the keys of PyTorch's `torch.cuda.memory_stats()`, with

@@ -23,6 +23,11 @@ pub fn ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Runs a command that must succeed and print JSON; returns it parsed.
+pub fn ok_json(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&ok(args)).unwrap_or_else(|e| panic!("{args:?}: not JSON: {e}"))
+}
+
 /// Runs a command that must fail cleanly; returns its stderr.
 pub fn fails(args: &[&str]) -> String {
     let out = run(args);

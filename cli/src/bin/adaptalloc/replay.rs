@@ -3,12 +3,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use adaptalloc::device::{Device, Granularity, SimDevice};
+use adaptalloc::device::{Device, Granularity};
 use adaptalloc::policy::Policy;
 use adaptalloc::size::ByteSize;
 use adaptalloc_cli::advice::run_with_advice;
-use adaptalloc_cli::compare::Contender;
-use adaptalloc_cli::trace::{ReplayOptions, ReplayTarget, load, replay_with};
+use adaptalloc_cli::compare::{CompareOptions, Contender};
+use adaptalloc_cli::trace::{ReplayTarget, load, replay_with};
 use anyhow::Context;
 
 use crate::common::{CapacityArgs, CostArgs, ReplayArgs};
@@ -48,21 +48,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let capacity = args.capacity.capacity()?.bytes_for(trace.peak_live_bytes(), granule);
     let repeat = args.run.repeat;
     let events = trace.events.len() as u64 * repeat as u64;
-    let script = args.run.tenant.map(|t| t.script(events)).unwrap_or_default();
-    let prices = args.prices.model()?;
-    let device = || {
-        Arc::new(
-            SimDevice::builder()
-                .capacity(capacity)
-                .cost_model(prices.clone())
-                .tenants(script.clone())
-                .build(),
-        )
-    };
-    let options = ReplayOptions {
+    let sim = CompareOptions {
         repeat,
         sync_every: args.run.sync_every,
+        tenant: args.run.tenant,
+        cost_model: args.prices.model()?,
+        ..CompareOptions::default()
     };
+    let device = || sim.sim_device(capacity, events);
+    let options = sim.replay_options();
     let contender = match &args.strategy {
         Some(name) => Some(
             Contender::parse(name)
@@ -118,7 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             String::new()
         },
-        prices.description,
+        sim.cost_model.description,
     );
     match report {
         Some(report) => {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use adaptalloc::policy::Policy;
 use adaptalloc::size::ByteSize;
-use adaptalloc_cli::compare::{CompareOptions, min_capacity};
+use adaptalloc_cli::compare::{CompareOptions, smallest_capacity};
 use anyhow::bail;
 use serde::Serialize;
 
@@ -90,7 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     min_capacity: list
                         .iter()
                         .map(|&c| {
-                            let bytes = min_capacity(t, c, &opts, 0.005, peak.saturating_mul(64).max(64 << 20));
+                            let bytes = smallest_capacity(t, c, &opts);
                             MinCapacity {
                                 strategy: c.name().into(),
                                 bytes,
