@@ -1,5 +1,5 @@
 //! Co-tenants (issue 24: "a co-tenant must still get its memory"): on every trace in
-//! ../shared/traces and the bundled workloads, at 1.5x, 2x and 4x peak live, a co-tenant takes
+//! ../shared/traces and the bundled workloads, at 1.2x, 1.3x, 1.5x, 2x and 4x peak live, a co-tenant takes
 //! memory while the workload runs its second of three passes (from 40% of all events to 60%)
 //! and gives it back after. It takes half, or all, of the slack passthrough leaves (the device
 //! less passthrough's peak footprint), so it fits beside passthrough at any moment: passthrough
@@ -46,7 +46,7 @@ fn main() -> anyhow::Result<()> {
         contenders.map(|c| c.name()).join(" | ")
     );
     println!("|---|---|{}", "---|".repeat(contenders.len()));
-    for factor in [1.5, 2.0, 4.0] {
+    for factor in [1.2, 1.3, 1.5, 2.0, 4.0] {
         for share in [0.5, 1.0] {
             let mut sums = vec![(0u64, 0u64); contenders.len()];
             for t in &traces {

@@ -172,7 +172,10 @@ impl Default for RoutingPolicy {
 #[serde(deny_unknown_fields, default)]
 pub struct BoundsPolicy {
     /// Device memory kept free for others (other processes; cuBLAS, NCCL): idle memory is
-    /// released whenever free memory would fall under it.
+    /// released whenever free memory would fall under it. Once the workload has shown its cycle,
+    /// no more than what `spare_share` leaves others of the memory beyond the workload's peak
+    /// (near passthrough's minimum that is less, and keeping more free there gave back every
+    /// step pages the step took again).
     pub headroom: SizeOrFraction,
     /// Under this much free device memory the allocator is under pressure: it places
     /// compactly, takes exact-size driver allocations, and gives back idle memory until free

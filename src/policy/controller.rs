@@ -35,6 +35,8 @@ pub struct Engine {
     /// What the device held for others (total less free less ours) at the last sample.
     last_others: Option<u64>,
     last_free: u64,
+    /// The free memory the last plan kept for others (`Plan::headroom`).
+    headroom: u64,
     /// What the last sample decided and the next may change.
     prior: Prior,
     in_pressure: bool,
@@ -72,6 +74,7 @@ impl Engine {
             sample_gap: policy.bounds.mem_info_interval_ops,
             last_others: None,
             last_free: total,
+            headroom: limits.headroom,
             prior: Prior::default(),
             in_pressure: false,
             model,
@@ -100,7 +103,7 @@ impl Engine {
     /// Free device memory was under the headroom at the last sample: idle memory that appears
     /// (a cached block, an emptied slab) should go back at once.
     pub fn below_headroom(&self) -> bool {
-        self.last_free < self.limits.headroom
+        self.last_free < self.headroom
     }
 
     /// Tight mode (see `assess::tight`): small classes are cached so that the slabs strand no
@@ -316,6 +319,7 @@ impl Engine {
             );
         }
         self.in_pressure = plan.pressure;
+        self.headroom = plan.headroom;
         if plan.tight != self.prior.tight {
             self.prior.tight = plan.tight;
             self.route_small_for_tightness(routes, s.op, s.free);
@@ -347,7 +351,7 @@ impl Engine {
                 need = need.saturating_sub(r);
             }
         }
-        let (headroom, reason, free) = (self.limits.headroom, plan.reason, s.free);
+        let (headroom, reason, free) = (plan.headroom, plan.reason, s.free);
         self.journal.release(s.op, released, || {
             format!("{reason} (free {free} of headroom {headroom})")
         });
