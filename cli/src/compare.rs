@@ -340,10 +340,17 @@ impl CompareOptions {
         }
     }
 
-    /// A fresh SimDevice of `capacity` bytes, priced by the options' cost model, with their
-    /// co-tenant scripted over `events` events (a trace's events times the passes): the one
-    /// place a replay's device is built.
-    pub fn sim_device(&self, capacity: u64, events: u64) -> Arc<SimDevice> {
+    /// The events a replay of `trace` with these options goes through: its events times the
+    /// passes.
+    pub fn events(&self, trace: &Trace) -> u64 {
+        trace.events.len() as u64 * u64::from(self.repeat.max(1))
+    }
+
+    /// A fresh SimDevice of `capacity` bytes for replaying `trace`, priced by the options' cost
+    /// model, with their co-tenant scripted over the replay's events: the one place a replay's
+    /// device is built.
+    pub fn sim_device(&self, trace: &Trace, capacity: u64) -> Arc<SimDevice> {
+        let events = self.events(trace);
         Arc::new(
             SimDevice::builder()
                 .capacity(capacity)
@@ -357,12 +364,12 @@ impl CompareOptions {
 /// A fresh SimDevice of `capacity` bytes ([`CompareOptions::sim_device`]) and a `contender`
 /// allocator on it (the options' policy for `adaptive`).
 fn setup(
+    trace: &Trace,
     contender: Contender,
     capacity: u64,
     opts: &CompareOptions,
-    events: u64,
 ) -> (Arc<SimDevice>, Box<dyn ReplayTarget>) {
-    let dev = opts.sim_device(capacity, events);
+    let dev = opts.sim_device(trace, capacity);
     let alloc: Box<dyn ReplayTarget> = match (&opts.policy, contender) {
         (Some(policy), Contender::Adaptive) => Box::new(Allocator::with_policy(dev.clone(), policy.clone())),
         _ => contender.target(dev.clone() as Arc<dyn Device>, &opts.pytorch_conf),
@@ -379,8 +386,7 @@ pub fn replay_one(
     capacity: u64,
     opts: &CompareOptions,
 ) -> (ReplayMetrics, Arc<SimDevice>) {
-    let events = trace.events.len() as u64 * u64::from(opts.repeat.max(1));
-    let (dev, alloc) = setup(contender, capacity, opts, events);
+    let (dev, alloc) = setup(trace, contender, capacity, opts);
     let m = replay_with(trace, &*alloc, opts.replay_options(), |i| dev.advance_clock(i));
     (m, dev)
 }
@@ -417,7 +423,7 @@ pub fn compare(traces: &[Trace], opts: &CompareOptions) -> Comparison {
             let capacity = opts.capacity.bytes_for(peak, granule);
             TraceResult {
                 trace: t.name.clone(),
-                events: t.events.len() as u64 * opts.repeat.max(1) as u64,
+                events: opts.events(t),
                 peak_live_bytes: peak,
                 capacity_bytes: per_trace.then_some(capacity),
                 results: opts.contenders.iter().map(|&c| run_one(t, c, capacity, opts)).collect(),
@@ -598,9 +604,8 @@ impl ReplayTarget for MarkFailures<'_> {
 
 /// Replays `trace` through `contender` like [`run_one`], sampling memory about `points` times.
 pub fn timeline(trace: &Trace, contender: Contender, capacity: u64, opts: &CompareOptions, points: u64) -> Timeline {
-    let events = trace.events.len() as u64 * opts.repeat.max(1) as u64;
-    let every = (events / points.max(1)).max(1);
-    let (dev, alloc) = setup(contender, capacity, opts, events);
+    let every = (opts.events(trace) / points.max(1)).max(1);
+    let (dev, alloc) = setup(trace, contender, capacity, opts);
     let now = std::cell::Cell::new(0);
     let marked = MarkFailures {
         inner: &*alloc,

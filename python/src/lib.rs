@@ -139,8 +139,7 @@ fn report_markdown(
         cost_model: cost_model_of(cost_model)?,
         ..CompareOptions::default()
     };
-    let events = trace.events.len() as u64 * u64::from(sim.repeat);
-    let run = run_with_advice(&trace, &policy, sim.replay_options(), || sim.sim_device(cap, events));
+    let run = run_with_advice(&trace, &policy, sim.replay_options(), || sim.sim_device(&trace, cap));
     Ok(run.report.to_string())
 }
 

@@ -168,7 +168,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     // grid 8 / 6 / 12 -> 9 / 5 / 13 failing runs; co-tenant tables unchanged).
     let pressure = s.free < lim.low_watermark;
     let headroom = if cycle_seen {
-        lim.headroom.min(spare - kept_of(spare, lim))
+        lim.headroom.min(left_of(spare, lim))
     } else {
         lim.headroom
     };
@@ -261,7 +261,7 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
     } else {
         (to_peak, OVER_PEAK)
     };
-    let cap = share_cap(s, lim, spare - kept).unwrap_or(u64::MAX);
+    let cap = share_cap(s, lim, left_of(spare, lim)).unwrap_or(u64::MAX);
     let on_free = hold.max(s.reserved_peak.min(cap));
     let room = cap.saturating_sub(in_use);
     let capped = target > room;
@@ -277,6 +277,12 @@ fn idle_bound(s: &Sample, lim: &Limits, tight: bool, spare: u64, budget: Option<
 /// `bounds.spare_share` of it.
 fn kept_of(spare: u64, lim: &Limits) -> u64 {
     (spare as f64 * lim.spare_share) as u64
+}
+
+/// The rest of `spare`, left to other processes: what the share cap ([`share_cap`]) keeps free
+/// for them, and the most the headroom asks once a cycle is seen.
+fn left_of(spare: u64, lim: &Limits) -> u64 {
+    spare - kept_of(spare, lim)
 }
 
 /// What [`idle_bound`] decides.

@@ -162,8 +162,10 @@ pub struct Suballoc {
     empty: Vec<u32>,
     /// Reserved, used, pinned, consumed and empty bytes ([`accounting`]: the one owner).
     acct: Accounts,
-    /// Most bytes one new slab may take beyond the request itself (set by the policy engine
-    /// from free device memory minus headroom).
+    /// Most bytes the slabs may take from the driver beyond the request itself: how large a
+    /// new slab may grow, and how many new pages may be created before idle ones are moved
+    /// instead (set by the policy engine: free device memory less the headroom, within the
+    /// share cap; `assess::Plan::slab_limit`).
     slab_limit: u64,
     /// Free device memory above the tight threshold (set by the policy engine): under
     /// `SlabBacking::Auto`, a new slab no larger than this is backed by handles of tens of MiB.
@@ -374,7 +376,8 @@ impl Suballoc {
         self.frozen = on;
     }
 
-    /// Caps how much a new slab may take beyond what its request needs.
+    /// Caps what the slabs may take from the driver beyond what a request needs (see
+    /// `slab_limit`).
     pub fn set_slab_limit(&mut self, limit: u64) {
         self.slab_limit = limit;
     }

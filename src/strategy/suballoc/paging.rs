@@ -15,8 +15,9 @@ pub(super) enum Mapping {
     /// It mapped pages (driver calls: the placement is no hit).
     Made,
     /// Best fit chose a node whose pages the block would need mapped, more of them than the
-    /// slab limit lets the driver create (free memory is at the headroom: idle pages would be
-    /// moved there, each an unmap, a map and an access grant, or created past it), so a hole
+    /// slab limit lets the driver create (free memory is at the headroom, or what is held at
+    /// the share cap: idle pages would be moved there, each an unmap, a map and an access
+    /// grant, or created past it), so a hole
     /// no larger than that node, whose pages are all mapped, served instead; it pins no more
     /// than the driver would consume for the block. Measured on the 17 workloads of
     /// `steady_eval` at 1.1x passthrough's minimum, summed where PyTorch's allocator completes:
@@ -210,15 +211,15 @@ impl Suballoc {
     }
 
     /// Of `pages` new pages of `page` bytes, how many the slab limit (free memory less the
-    /// headroom, set by the controller) has no room for: the ones that would be moved from
-    /// idle slabs, or created past the headroom.
+    /// headroom, within the share cap; set by the controller) has no room for: the ones that
+    /// would be moved from idle slabs, or created past it.
     fn pages_past_room(&self, pages: u64, page: u64) -> u64 {
         pages.saturating_sub(self.slab_limit / page)
     }
 
     /// Backs unmapped `runs` of slab `id` page by page. Idle pages of other slabs are moved
-    /// there first when new ones would take free memory under the headroom (the controller's
-    /// slab limit), and after the device refuses new ones: a page recycled costs a map, an
+    /// there first when new ones would pass the controller's slab limit (free memory under the
+    /// headroom, or what is held over the share cap), and after the device refuses new ones: a page recycled costs a map, an
     /// access grant and an unmap, against an unmap and a release where it was, then a create
     /// and a map here. The rest are created. On failure the pages created here are unmapped;
     /// those moved stay, idle and mapped.

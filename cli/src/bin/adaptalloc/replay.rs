@@ -46,16 +46,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let granule = Granularity::default().large_granule;
     let capacity = args.capacity.capacity()?.bytes_for(trace.peak_live_bytes(), granule);
-    let repeat = args.run.repeat;
-    let events = trace.events.len() as u64 * repeat as u64;
     let sim = CompareOptions {
-        repeat,
+        repeat: args.run.repeat,
         sync_every: args.run.sync_every,
         tenant: args.run.tenant,
         cost_model: args.prices.model()?,
         ..CompareOptions::default()
     };
-    let device = || sim.sim_device(capacity, events);
+    let device = || sim.sim_device(&trace, capacity);
     let options = sim.replay_options();
     let contender = match &args.strategy {
         Some(name) => Some(
