@@ -38,6 +38,16 @@ impl Trial {
     pub fn failures(&self) -> u64 {
         self.failed_allocs + self.tenant_failures
     }
+
+    /// Its failed allocations, and with a co-tenant replayed its refused takes: "3", or
+    /// "3 (+1 co-tenant)". The table and the verdict show both the same way.
+    fn failed_text(&self, tenant: bool) -> String {
+        if tenant {
+            format!("{} (+{} co-tenant)", self.failed_allocs, self.tenant_failures)
+        } else {
+            self.failed_allocs.to_string()
+        }
+    }
 }
 
 /// How `tune` replays: the device, the prices and the passes.
@@ -191,16 +201,12 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
         .min_by(|a, b| rank(a.1, b.1))
         .map(|(_, t)| t);
     let ms = |t: &Trial| t.modeled_driver_ns as f64 / 1e6;
+    let tenant = opts.tenant.is_some();
     let why = match runner_up {
         Some(r) => format!(
-            "{} failed allocations{} and {:.1} ms modelled driver time ({} driver calls) over {} trace(s){}, against \
+            "{} failed allocations and {:.1} ms modelled driver time ({} driver calls) over {} trace(s){}, against \
              the runner-up's {} and {:.1} ms ({}); the baseline's {} and {:.1} ms; worst reserved/live {:.2}x",
-            w.failed_allocs,
-            if opts.tenant.is_some() {
-                format!(" and {} co-tenant takes refused", w.tenant_failures)
-            } else {
-                String::new()
-            },
+            w.failed_text(tenant),
             ms(w),
             w.driver_calls,
             traces.len(),
@@ -209,10 +215,10 @@ pub fn tune(traces: &[Trace], opts: &TuneOptions, base: &Policy) -> Tuning {
             } else {
                 String::new()
             },
-            r.failures(),
+            r.failed_text(tenant),
             ms(r),
             r.label,
-            trials[0].failures(),
+            trials[0].failed_text(tenant),
             ms(&trials[0]),
             w.max_reserved_over_live
         ),
@@ -335,11 +341,7 @@ impl std::fmt::Display for Tuning {
             } else {
                 String::new()
             };
-            let failed = if self.tenant {
-                format!("{} (+{} co-tenant)", t.failed_allocs, t.tenant_failures)
-            } else {
-                t.failed_allocs.to_string()
-            };
+            let failed = t.failed_text(self.tenant);
             writeln!(
                 f,
                 "| {}{} | {} | {} | {:.1} |{} {:.2} |",

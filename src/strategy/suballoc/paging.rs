@@ -17,9 +17,9 @@ pub(super) enum Mapping {
     /// Best fit chose a node whose pages the block would need mapped, more of them than the
     /// slab limit lets the driver create (free memory is at the headroom, or what is held at
     /// the share cap: idle pages would be moved there, each an unmap, a map and an access
-    /// grant, or created past it), so a hole
-    /// no larger than that node, whose pages are all mapped, served instead; it pins no more
-    /// than the driver would consume for the block. Measured on the 17 workloads of
+    /// grant, or created past it), so a hole no larger than that node, whose pages are all
+    /// mapped, served instead; it pins no more than the driver would consume for the block.
+    /// Measured on the 17 workloads of
     /// `steady_eval` at 1.1x passthrough's minimum, summed where PyTorch's allocator completes:
     /// 200.7 -> 153.3 ms a pass (vmm-fast: 43.9 -> 35.8), robustness grid and
     /// `examples/robustness_sweep` unchanged. No larger: taking any mapped hole that fits (a big
@@ -219,9 +219,9 @@ impl Suballoc {
 
     /// Backs unmapped `runs` of slab `id` page by page. Idle pages of other slabs are moved
     /// there first when new ones would pass the controller's slab limit (free memory under the
-    /// headroom, or what is held over the share cap), and after the device refuses new ones: a page recycled costs a map, an
-    /// access grant and an unmap, against an unmap and a release where it was, then a create
-    /// and a map here. The rest are created. On failure the pages created here are unmapped;
+    /// headroom, or what is held over the share cap), and after the device refuses new ones: a
+    /// page recycled costs a map, an access grant and an unmap, against an unmap and a release
+    /// where it was, then a create and a map here. The rest are created. On failure the pages created here are unmapped;
     /// those moved stay, idle and mapped.
     fn map_pages(&mut self, dev: &dyn Device, id: u32, runs: &[(u64, u64)], page: u64) -> Result<(), DeviceError> {
         let vmm = dev.vmm().expect("a paged slab's device has vmm");
