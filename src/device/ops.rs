@@ -109,6 +109,16 @@ impl DriverOps {
     /// costs about 63 us against 203 (the default cost model); at `vmm-fast.toml`'s, 33
     /// against 18, and pages are created instead. The access grant is priced per handle
     /// ([`access_per_handle_ns`](Self::access_per_handle_ns)).
+    ///
+    /// Open question: a created page is also mapped and granted access where it goes, and the
+    /// page given back elsewhere is also unmapped; counted on both sides those cancel, and a
+    /// move then always costs less where the idle page would go back anyway. Measured with
+    /// moves forced under vmm-fast.toml (steady_eval, a pass in steady state): at 1.1x
+    /// passthrough's minimum, where PyTorch's allocator completes, 45.4 -> 6.9 ms summed
+    /// (`training` 35.1 -> 4.8, `phase-change` 30.2 -> 3.9), but `gpu-medium-ctx1024-infer`
+    /// 49.4 -> 94.5 and `serving` 131.1 -> 166.9 (all 17: 1559 -> 1570); at 1.5x peak live
+    /// `gpu-medium-ctx256-infer` 7.9 -> 0. Not changed: this is the one decision that follows
+    /// the prices.
     pub fn recycling_pays(&self) -> bool {
         let prices = [self.map, self.set_access, self.unmap, self.create, self.release].map(|t| t.mean_ns());
         match prices {
