@@ -186,6 +186,9 @@ pub struct BoundsPolicy {
     /// (`routing.small_exact_when_tight`), slabs grow by `suballoc.growth` and are segregated
     /// by size class where `suballoc.segregate` says so. It ends once free memory, counting the
     /// cache's idle blocks, is over 1.5x this, or the slabs strand at most a quarter of the budget.
+    /// Never tight once the workload's footprint has come back to its peak (its cycle repeats)
+    /// with a quarter of the peak free at it, unless the device has under 8 pages or slabs are
+    /// backed whole.
     pub tight_below: SizeOrFraction,
     /// Idle blocks and empty slabs not reused within this many operations are released (0: never).
     pub idle_age_ops: u64,

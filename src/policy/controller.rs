@@ -9,6 +9,7 @@ use super::assess::{self, Limits, Plan, Prior, Sample, assess};
 use super::classify::{self, BUCKETS, ClassStats, Window, bucket_range, class_name, distinct_text};
 use super::constants::{MEM_INFO_BACKOFF, SMALL_BUCKETS, STRAND_CLEAR_DIVISOR, TINY_DEVICE_PAGES};
 use super::journal::{ClassSummary, Journal, RouteChange, TimelinePoint};
+use super::recurrence::PeakRecurrence;
 use super::{Policy, RoutingMode};
 use crate::device::{Device, Granularity};
 use crate::size::{ALIGNMENT, ByteSize, align_up};
@@ -57,6 +58,8 @@ pub struct Engine {
     /// memory up to it changed the results at 1.1x passthrough's minimum (training: 798 to 802
     /// ms modelled, policy-eval).
     reserved_peak: u64,
+    /// Whether `footprint` has come back to its peak (`Sample::peak_recurred`).
+    recurrence: PeakRecurrence,
     pub(crate) journal: Journal,
     started: Instant,
 }
@@ -80,6 +83,7 @@ impl Engine {
             model,
             footprint: Counter::default(),
             footprint_low: u64::MAX,
+            recurrence: PeakRecurrence::default(),
             reserved_peak: 0,
             journal: Journal::new(policy.routing.interval_ops),
             started: Instant::now(),
@@ -138,10 +142,11 @@ impl Engine {
         routes
     }
 
-    /// Records a request (hot path: a few adds and a short scan of 4 sizes).
+    /// Records a request (hot path: a few adds, a compare and a short scan of 4 sizes).
     #[inline]
     pub fn on_alloc(&mut self, bucket: usize, bytes: u64, op: u64) {
         self.footprint.add(self.model.consumed(align_up(bytes, ALIGNMENT)));
+        self.recurrence.on_alloc(self.footprint.current);
         self.classes[bucket].on_alloc(bytes, op);
     }
 
@@ -237,6 +242,9 @@ impl Engine {
             footprint: self.footprint.current,
             footprint_low: self.footprint_low,
             footprint_peak: self.footprint.peak,
+            peak_recurred: self
+                .recurrence
+                .at_sample(self.footprint.peak, self.footprint_low.min(self.footprint.current)),
         };
         self.footprint_low = self.footprint.current;
         self.journal.peak_stranded = self.journal.peak_stranded.max(sample.stranded);

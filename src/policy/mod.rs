@@ -8,6 +8,8 @@
 //! - `controller`: the [`Engine`]: timing, samples, and applying plans; the only code that
 //!   pushes settings into the strategies.
 //! - `journal`: route changes, decisions and the timeline, for the tuning report.
+//! - `recurrence`: whether the workload's footprint has come back to its peak (its cycle
+//!   repeats).
 
 mod assess;
 mod classify;
@@ -15,6 +17,7 @@ pub mod config;
 mod constants;
 mod controller;
 mod journal;
+mod recurrence;
 
 pub use classify::{BUCKETS, bucket_of, bucket_range, class_name};
 pub use config::{
