@@ -14,7 +14,7 @@ use adaptalloc_cli::trace::Trace;
 /// counted as one: the first pass's page creates went unseen. The first pass is reported by
 /// `examples/steady_eval.rs` and tuning/reports/peers.md, not asserted here.)
 fn steady_ns(r: &StrategyResult) -> u64 {
-    r.steady_pass_ns.expect("replayed with repeat 4")
+    r.steady_pass_ns.expect("replayed with more than one pass")
 }
 
 /// Replays with four passes, for the steady state.
@@ -271,20 +271,25 @@ fn between_tight_and_roomy_a_pass_does_not_recreate_what_it_gave_back() {
 
 /// Small random sizes on a 20 MiB device at 1.5x peak live (bundled `small-churn`): the slabs
 /// strand more than tight mode's threshold on every pass, and tight mode gave most small
-/// requests an exact-size driver allocation (612 ms a pass, 30% of passthrough's). Once the
-/// footprint has come back to its peak with about half the peak free at it, the device is not
-/// tight: passes 3-4 cost under 1% of passthrough's.
+/// requests an exact-size driver allocation (612 ms a pass, 30% of passthrough's); with tight
+/// mode aside, the strand guard still gave 18 a pass (2.1 ms). Once the footprint has come back
+/// to its peak with about half the peak free at it, the peak is known: the device is not tight
+/// and the guard may strand all of that memory. Ten passes, so that the steady state is passes
+/// 6-10 as in issue 24's yardstick: under 1/2000 of passthrough's (1 ms).
 #[test]
 fn a_repeating_churn_with_room_at_its_peak_is_not_tight() {
-    let opts = opts();
+    let opts = CompareOptions {
+        repeat: 10,
+        ..CompareOptions::default()
+    };
     let (t, cap) = bundled_at("small-churn", 1.5);
     let pass = run_one(&t, Contender::Passthrough, cap, &opts);
     let ours = run_one(&t, Contender::Adaptive, cap, &opts);
     common::figure(&format!(
-        "small-churn x4 at 1.5x live: {} ns a pass in the steady state, passthrough {}",
+        "small-churn x10 at 1.5x live: {} ns a pass in the steady state, passthrough {}",
         steady_ns(&ours),
         steady_ns(&pass)
     ));
     assert_eq!(ours.failed_allocs, 0);
-    assert_share_of_passthrough("small-churn at 1.5x peak live", &ours, &pass, 100);
+    assert_share_of_passthrough("small-churn at 1.5x peak live", &ours, &pass, 2000);
 }

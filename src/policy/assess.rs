@@ -4,7 +4,8 @@
 //! controller applies the plan. Every rule has a table-driven unit test below, named after it.
 
 use super::constants::{
-    CYCLE_FALL_DIVISOR, STRAND_CLEAR_DIVISOR, TIGHT_ENTER_STRAND_DIVISOR, TIGHT_EXIT_FREE_FACTOR, TIGHT_SPARE_DIVISOR,
+    CYCLE_FALL_DIVISOR, KNOWN_PEAK_SPARE_DIVISOR, STRAND_CLEAR_DIVISOR, TIGHT_ENTER_STRAND_DIVISOR,
+    TIGHT_EXIT_FREE_FACTOR,
 };
 use super::{Policy, RoutingMode, Segregate};
 use crate::strategy::SlabBacking;
@@ -24,9 +25,10 @@ pub(crate) struct Limits {
     pub guard: bool,
     /// The device has fewer than [`TINY_DEVICE_PAGES`](super::constants::TINY_DEVICE_PAGES) pages.
     pub tiny_device: bool,
-    /// Slabs are backed by one `cuMemAlloc` each (`suballoc.backing = "whole"`): a live block
-    /// holds its whole slab, and no page of it goes back before the slab is empty.
-    pub whole_slabs: bool,
+    /// How slabs are backed (`suballoc.backing`): with `whole`, a live block holds its whole
+    /// slab, and no page of it goes back before the slab is empty; under `auto`, the strand
+    /// budget also decides how large a slab's handles are.
+    pub backing: SlabBacking,
     pub segregate: Segregate,
     pub growth: f64,
     pub loose_growth: f64,
@@ -45,7 +47,7 @@ impl Limits {
             spare_share: b.spare_share,
             guard: policy.routing.mode == RoutingMode::Adaptive && policy.suballoc.strand_guard,
             tiny_device,
-            whole_slabs: policy.suballoc.backing == SlabBacking::Whole,
+            backing: policy.suballoc.backing,
             segregate: policy.suballoc.segregate,
             growth: policy.suballoc.growth,
             loose_growth: policy.suballoc.loose_growth,
@@ -147,7 +149,8 @@ pub(crate) struct Plan {
 pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     let cycle_seen = cycle_seen(s, lim, prior.cycle_seen);
     let spare = spare_at_peak(s, lim, cycle_seen);
-    let strand_budget = lim.guard.then_some((spare as f64 * lim.strand_share) as u64);
+    let known = peak_known(s, lim, spare);
+    let strand_budget = strand_budget(lim, spare, known);
     let IdleBound {
         on_free: on_free_idle,
         target: mut idle_target,
@@ -195,7 +198,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
             unmap_pages = true;
         }
     }
-    let tight = tight(s, lim, prior.tight, strand_budget, spare);
+    let tight = !known && tight(s, lim, prior.tight, strand_budget);
     Plan {
         cycle_seen,
         spare,
@@ -325,6 +328,42 @@ fn share_cap(s: &Sample, lim: &Limits, left: u64) -> Option<u64> {
     (s.free >= lim.headroom && left > lim.headroom).then(|| (s.free + s.reserved).saturating_sub(left))
 }
 
+/// The workload's peak is known, with room: its footprint has come back to the peak exactly
+/// (`Sample::peak_recurred`) and the memory expected free at the peak is at least
+/// 1/[`KNOWN_PEAK_SPARE_DIVISOR`] of it; not on a tiny device, nor with slabs backed whole
+/// (there the robustness grid failed 3 more runs at 1.3x). The device is then not tight, and
+/// the strand guard may strand all the memory expected free at the peak ([`strand_budget`]):
+/// the slabs' stranding has room at a peak that repeats, where tight mode's exact-size blocks
+/// and the guard's cost a driver allocation and free each. `small-churn` at 1.5x peak live (its
+/// slabs strand 3-7 MiB of 20, tight mode's entry threshold was 1.7): 612 -> 2.1 ms a pass in
+/// steady state under either cost model with tight mode alone, 0.45 with the budget too (18
+/// exact-size blocks from the guard a pass gone, and the samples after them); at 1.3x 753 ->
+/// 60 -> 1.7 (0.8 under vmm-fast.toml). Its warm-up 535 -> 1107 ms: the second pass stays tight
+/// until the footprint is back at the peak. Every other workload of steady_eval and of
+/// `compare` from 1.05x to 2x peak live, the robustness grid and `robustness_sweep` the same.
+/// What else was measured is at [`KNOWN_PEAK_SPARE_DIVISOR`].
+fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
+    !lim.tiny_device
+        && lim.backing != SlabBacking::Whole
+        && s.peak_recurred
+        && spare >= s.footprint_peak / KNOWN_PEAK_SPARE_DIVISOR
+}
+
+/// The strand guard's budget (None with the guard off): `bounds.strand_share` of the memory
+/// expected free at the peak, and all of it once the peak is known where slabs are backed page
+/// by page (a share of 0 stays 0). Under the other backings the budget also shapes handles
+/// (`auto` takes one handle for a slab the budget covers), and all of it failed 2 more runs of
+/// the robustness grid from 1.03x under `auto`.
+fn strand_budget(lim: &Limits, spare: u64, known: bool) -> Option<u64> {
+    let share = (spare as f64 * lim.strand_share) as u64;
+    lim.guard
+        .then_some(if known && share > 0 && lim.backing == SlabBacking::Pages {
+            share.max(spare)
+        } else {
+            share
+        })
+}
+
 /// Tight mode: entered when free memory is under `bounds.tight_below` while the slabs strand
 /// more than half the guard's budget (small blocks then leave the slabs, so stranded pages
 /// drain); left above 1.5x `tight_below` or once stranding is down to a quarter of the budget.
@@ -339,19 +378,8 @@ fn share_cap(s: &Sample, lim: &Limits, left: u64) -> Option<u64> {
 /// the robustness grid the same. Counting them on entering too (454 ms a pass) failed
 /// `churn 512..1MiB` at two more capacities from 1.03x and `small-churn` (seed 4) at 1.05x.
 ///
-/// Never tight once the workload has come back to its peak and the memory expected free at
-/// it is at least 1/[`TIGHT_SPARE_DIVISOR`] of it (not on a tiny device, nor with slabs backed
-/// whole, where the robustness grid failed 3 more runs at 1.3x): the slabs' stranding,
-/// however far over the budget, then has room at the peak, where tight mode's exact-size blocks
-/// cost a driver allocation and free for most small requests. `small-churn` at 1.5x peak live
-/// (its slabs strand 3-7 MiB of 20, the entry threshold is 1.7): 612 -> 2.1 ms a pass in steady
-/// state under either cost model, its warm-up 535 -> 1106 ms (the second pass is tight until
-/// the footprint is back at the peak); every other workload of steady_eval, the robustness
-/// grid and `robustness_sweep` the same. What else was measured is at [`TIGHT_SPARE_DIVISOR`].
-fn tight(s: &Sample, lim: &Limits, was: bool, budget: Option<u64>, spare: u64) -> bool {
-    if !lim.tiny_device && !lim.whole_slabs && s.peak_recurred && spare >= s.footprint_peak / TIGHT_SPARE_DIVISOR {
-        return false;
-    }
+/// Never tight once the peak is known ([`peak_known`]).
+fn tight(s: &Sample, lim: &Limits, was: bool, budget: Option<u64>) -> bool {
     let strands = |div: u64| lim.tiny_device || budget.is_none_or(|b| s.stranded > b / div);
     if was {
         let free = s.free + s.cached_idle;
@@ -370,329 +398,5 @@ pub(crate) fn keep_cache(free: u64, lim: &Limits, pressure: bool, can_release: u
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::size::{GIB, MIB};
-
-    fn limits() -> Limits {
-        Limits {
-            headroom: 2 * GIB,
-            low_watermark: GIB,
-            tight_below: 8 * GIB,
-            interval_ops: 1000,
-            peak_growth: 1.25,
-            strand_share: 0.1,
-            spare_share: 0.5,
-            guard: true,
-            tiny_device: false,
-            whole_slabs: false,
-            segregate: Segregate::WhenTight,
-            growth: 0.25,
-            loose_growth: 1.0,
-        }
-    }
-
-    fn sample() -> Sample {
-        Sample {
-            op: 5000,
-            free: 40 * GIB,
-            reserved: 10 * GIB,
-            idle: GIB,
-            stranded: 0,
-            cached_idle: 0,
-            footprint: 9 * GIB,
-            footprint_peak: 10 * GIB,
-            footprint_low: 9 * GIB,
-            peak_recurred: false,
-            reserved_peak: 10 * GIB,
-        }
-    }
-
-    #[test]
-    fn roomy_device_keeps_idle_to_the_peak_plus_a_share_of_the_spare() {
-        let p = assess(&sample(), &limits(), Prior::default());
-        // No cycle yet (9 of a 10 GiB peak): spare = 40 + 10 - 12.5 = 37.5 GiB.
-        assert!(!p.cycle_seen);
-        assert_eq!(p.spare, 37 * GIB + 512 * MIB);
-        assert_eq!(p.strand_budget, Some((p.spare as f64 * 0.1) as u64));
-        let hold = 10 * GIB + (p.spare as f64 * 0.5) as u64;
-        assert_eq!(
-            (p.on_free_idle, p.idle_target, p.reason),
-            (hold, hold - 9 * GIB, OVER_PEAK)
-        );
-        assert!(!p.tight && !p.pressure && !p.unmap_pages && !p.segregate);
-        // The share cap: 50 GiB less the 18.75 GiB left to others, 10 GiB of it held.
-        assert_eq!((p.slab_limit, p.growth), (21 * GIB + 256 * MIB, 1.0));
-    }
-
-    /// Idle memory up to the cycle's peak is kept with no spare share at all: a sample at the low
-    /// point of a step (2 GiB in use of a 10 GiB peak, 8 GiB idle) keeps all 8 GiB, and frees
-    /// until the next sample may leave up to the peak idle; idle memory beyond the peak (held
-    /// by no cycle, as after a co-tenant) is bounded as before.
-    #[test]
-    fn idle_memory_up_to_the_cycles_peak_is_kept_for_the_next_cycle() {
-        let mut l = limits();
-        l.spare_share = 0.0; // no spare share: only the cycle keeps memory idle
-        let mut s = sample();
-        (s.idle, s.footprint) = (8 * GIB, 2 * GIB);
-        let p = assess(&s, &l, Prior::default());
-        assert_eq!(
-            (p.idle_target, p.on_free_idle, p.reason),
-            (8 * GIB, 10 * GIB, OVER_CYCLE)
-        );
-        // Stranding over the budget drops the spare share; the cycle still holds.
-        s.stranded = GIB;
-        assert_eq!(assess(&s, &l, Prior::default()).idle_target, 8 * GIB);
-        // Under the headroom, the headroom rule still gives back what others need: 12 GiB held
-        // at a 10 GiB peak leaves others 3.5 GiB at it, over the 2 GiB headroom.
-        (s.free, s.reserved, s.reserved_peak, s.idle) = (GIB + 512 * MIB, 12 * GIB, 12 * GIB, 10 * GIB);
-        let p = assess(&s, &l, Prior::default());
-        assert_eq!(
-            (p.headroom, p.idle_target, p.reason),
-            (2 * GIB, 9 * GIB + 512 * MIB, UNDER_HEADROOM)
-        );
-        // Held beyond the peak (the peak so far was 6 GiB): bounded by the cycle.
-        let mut s = sample();
-        (s.idle, s.reserved_peak) = (8 * GIB, 6 * GIB);
-        let p = assess(&s, &l, Prior::default());
-        assert_eq!((p.idle_target, p.reason), (4 * GIB, OVER_CYCLE));
-    }
-
-    /// Once a cycle is seen, the headroom asks no more than the bounds leave others: with 1 GiB
-    /// expected free at a 10.5 GiB peak and half of it left to others, 512 MiB, not the policy's
-    /// 2 GiB. So 1.5 GiB free (over the 1 GiB watermark) keeps its idle memory; before the cycle
-    /// the same sample gives back what brings free memory to the 2 GiB headroom.
-    #[test]
-    fn headroom_asks_no_more_than_the_bounds_leave_others_once_a_cycle_is_seen() {
-        let l = limits();
-        let mut s = sample();
-        (s.free, s.idle, s.footprint_peak) = (GIB + 512 * MIB, GIB, 10 * GIB + 512 * MIB);
-        let seen = Prior {
-            tight: false,
-            cycle_seen: true,
-        };
-        let p = assess(&s, &l, seen);
-        assert_eq!(p.headroom, 512 * MIB);
-        assert_eq!((p.idle_target, p.reason), (2 * GIB, OVER_PEAK));
-        assert!(!p.unmap_pages && !p.pressure);
-        let p = assess(&s, &l, Prior::default());
-        assert!(!p.cycle_seen);
-        assert_eq!(p.headroom, 2 * GIB);
-        assert_eq!((p.idle_target, p.reason), (512 * MIB, UNDER_HEADROOM));
-        // Where what is left to others is over the headroom, the headroom stands.
-        s.free = 8 * GIB;
-        assert_eq!(assess(&s, &l, seen).headroom, 2 * GIB);
-    }
-
-    /// The slabs take new pages only within the share cap: with 10 GiB held where the cap
-    /// allows 8, none (idle pages are moved instead), though free memory less the headroom
-    /// would allow 2 GiB; on a roomy device free memory less the headroom decides.
-    #[test]
-    fn slab_limit_stays_within_the_share_cap() {
-        let mut l = limits();
-        l.spare_share = 0.25;
-        let mut s = sample();
-        (s.free, s.idle, s.footprint, s.footprint_peak) = (4 * GIB, 8 * GIB, 2 * GIB, 6 * GIB);
-        let p = assess(&s, &l, Prior::default());
-        assert!(p.cycle_seen && p.reason == OVER_SHARE);
-        assert_eq!((p.headroom, p.slab_limit), (2 * GIB, 0));
-        // 7 GiB held (3 GiB given back): 1 GiB under the cap.
-        (s.free, s.reserved, s.idle) = (7 * GIB, 7 * GIB, 5 * GIB);
-        assert_eq!(assess(&s, &l, Prior::default()).slab_limit, GIB);
-        // With no spare share nothing is left to others beyond the headroom's: free memory
-        // less the headroom decides.
-        l.spare_share = 1.0;
-        assert_eq!(assess(&sample(), &l, Prior::default()).slab_limit, 38 * GIB);
-    }
-
-    /// The rules one at a time: each row changes the sample or the limits and names what the
-    /// plan must then say.
-    #[test]
-    fn rules() {
-        type Row = (
-            &'static str,
-            fn(&mut Sample, &mut Limits, &mut Prior),
-            fn(&Plan) -> bool,
-        );
-        let rows: [Row; 26] = [
-            (
-                "cycle: footprint under half its peak after the first interval",
-                |s, _, _| s.footprint = 4 * GIB,
-                |p| p.cycle_seen && p.spare == 40 * GIB,
-            ),
-            (
-                "cycle: its low point between two samples counts",
-                |s, _, _| s.footprint_low = 4 * GIB,
-                |p| p.cycle_seen,
-            ),
-            (
-                "no cycle judged before the first interval",
-                |s, _, _| (s.footprint, s.op) = (4 * GIB, 999),
-                |p| !p.cycle_seen,
-            ),
-            (
-                "a cycle once seen stays seen",
-                |_, _, pr| pr.cycle_seen = true,
-                |p| p.cycle_seen,
-            ),
-            (
-                "guard off: no strand budget",
-                |_, l, _| l.guard = false,
-                |p| p.strand_budget.is_none(),
-            ),
-            (
-                "stranding over a quarter of the budget: no spare share, idle bounded by the cycle's peak",
-                // 9 GiB in use of a 9 GiB peak held: nothing idle kept at the sample, and frees
-                // may leave idle what brings the held memory back to that peak.
-                |s, _, _| (s.stranded, s.reserved_peak) = (GIB, 9 * GIB),
-                |p| p.idle_target == 0 && p.on_free_idle == 9 * GIB && p.reason == OVER_CYCLE,
-            ),
-            (
-                "cache bound: the peak taken as peak_growth times the peak so far, even after a cycle",
-                // 50 GiB in all less 1.25 x 10 GiB, half of it over the 10 GiB peak.
-                |_, _, pr| pr.cycle_seen = true,
-                |p| p.cycle_seen && p.cache_bound == 28 * GIB + 768 * MIB,
-            ),
-            (
-                "share cap: what is held stays within the peak plus spare_share of the memory beyond it",
-                // Peak 6 GiB, 8 GiB beyond it (4 free, 10 held): a quarter of it allows 8 GiB
-                // held, 2 in use, so 6 GiB idle of the cycle's 8; pages inside slabs go too.
-                |s, l, _| {
-                    ((s.free, s.idle, s.footprint, s.footprint_peak), l.spare_share) =
-                        ((4 * GIB, 8 * GIB, 2 * GIB, 6 * GIB), 0.25)
-                },
-                |p| p.idle_target == 6 * GIB && p.reason == OVER_SHARE && p.unmap_pages && !p.pressure,
-            ),
-            (
-                "share cap: under the headroom the headroom rule decides instead",
-                // The cap would keep 5.5 GiB idle; the headroom gives back its 512 MiB short.
-                |s, l, _| {
-                    ((s.free, s.idle, s.footprint, s.footprint_peak), l.spare_share) =
-                        ((GIB + 512 * MIB, 8 * GIB, 2 * GIB, 6 * GIB), 0.25)
-                },
-                |p| p.idle_target == 7 * GIB + 512 * MIB && p.reason == UNDER_HEADROOM,
-            ),
-            (
-                "share cap: none where it would leave others no more than the headroom",
-                // A quarter of the 8 GiB beyond the peak left to others: the 2 GiB headroom. The
-                // cycle (a 14 GiB peak held) keeps 12 GiB idle, where a cap would keep 10.
-                |s, l, _| {
-                    ((s.free, s.idle, s.footprint, s.footprint_peak), l.spare_share) =
-                        ((4 * GIB, 8 * GIB, 2 * GIB, 6 * GIB), 0.75);
-                    s.reserved_peak = 14 * GIB;
-                },
-                |p| p.idle_target == 12 * GIB && p.reason == OVER_CYCLE && !p.unmap_pages,
-            ),
-            (
-                "share cap: half of the memory beyond the peak keeps the whole cycle here",
-                |s, _, _| (s.free, s.idle, s.footprint, s.footprint_peak) = (4 * GIB, 8 * GIB, 2 * GIB, 6 * GIB),
-                |p| p.idle_target == 8 * GIB && p.reason == OVER_CYCLE && !p.unmap_pages,
-            ),
-            (
-                "under the headroom: keep only what leaves free at the headroom, unmap pages",
-                |s, _, _| (s.free, s.idle) = (GIB + 512 * MIB, GIB),
-                |p| p.idle_target == 512 * MIB && p.reason == UNDER_HEADROOM && p.unmap_pages,
-            ),
-            (
-                "under the low watermark: pressure, keep what leaves free at the headroom",
-                |s, _, _| (s.free, s.idle) = (512 * MIB, 4 * GIB),
-                |p| p.pressure && p.idle_target == 2 * GIB + 512 * MIB && p.reason == UNDER_WATERMARK && p.unmap_pages,
-            ),
-            (
-                "a watermark over the headroom: keep what leaves free at the watermark",
-                |s, l, _| ((s.free, s.idle), l.low_watermark) = ((512 * MIB, 4 * GIB), 3 * GIB),
-                |p| p.pressure && p.idle_target == GIB + 512 * MIB && p.reason == UNDER_WATERMARK,
-            ),
-            (
-                "tight needs stranding over half the budget",
-                |s, _, _| (s.free, s.stranded) = (7 * GIB, 0),
-                |p| !p.tight,
-            ),
-            (
-                "tight: free under tight_below and stranding over half the budget",
-                |s, _, _| (s.free, s.stranded) = (7 * GIB, 2 * GIB),
-                |p| p.tight && p.segregate && p.growth == 0.25,
-            ),
-            (
-                "a tiny device is tight on free memory alone",
-                |s, l, _| (s.free, l.tiny_device) = (7 * GIB, true),
-                |p| p.tight,
-            ),
-            (
-                "tight stays below 1.5x tight_below while stranding is over a quarter",
-                |s, _, pr| (s.free, s.stranded, pr.tight) = (11 * GIB + 512 * MIB, 2 * GIB, true),
-                |p| p.tight,
-            ),
-            (
-                "tight is left at 1.5x tight_below",
-                |s, _, pr| (s.free, s.stranded, pr.tight) = (12 * GIB, 2 * GIB, true),
-                |p| !p.tight,
-            ),
-            (
-                "tight is left at 1.5x tight_below counting the cache's idle blocks as free",
-                |s, _, pr| (s.free, s.cached_idle, s.stranded, pr.tight) = (11 * GIB, GIB, 2 * GIB, true),
-                |p| !p.tight,
-            ),
-            (
-                "not tight once the peak has recurred with a quarter of it free at the peak",
-                |s, _, _| (s.free, s.stranded, s.peak_recurred) = (7 * GIB, 2 * GIB, true),
-                |p| !p.tight && p.spare >= 10 * GIB / 4,
-            ),
-            (
-                "tight is left once the peak has recurred with a quarter of it free at the peak",
-                |s, _, pr| (s.free, s.stranded, s.peak_recurred, pr.tight) = (7 * GIB, 2 * GIB, true, true),
-                |p| !p.tight,
-            ),
-            (
-                "tight where the peak has recurred with less than a quarter of it free at the peak",
-                |s, _, _| (s.free, s.reserved, s.stranded, s.peak_recurred) = (GIB, 11 * GIB, GIB, true),
-                |p| p.tight && p.spare < 10 * GIB / 4,
-            ),
-            (
-                "a tiny device is tight however the peak recurs",
-                |s, l, _| (s.free, s.peak_recurred, l.tiny_device) = (7 * GIB, true, true),
-                |p| p.tight,
-            ),
-            (
-                "with slabs backed whole, tight however the peak recurs",
-                |s, l, _| (s.free, s.stranded, s.peak_recurred, l.whole_slabs) = (7 * GIB, 2 * GIB, true, true),
-                |p| p.tight,
-            ),
-            (
-                "tight is entered on free memory alone: the cache's idle blocks do not count",
-                |s, _, _| (s.free, s.cached_idle, s.stranded) = (7 * GIB, 8 * GIB, 2 * GIB),
-                |p| p.tight,
-            ),
-        ];
-        for (name, change, expect) in rows {
-            let (mut s, mut l, mut prior) = (sample(), limits(), Prior::default());
-            change(&mut s, &mut l, &mut prior);
-            let plan = assess(&s, &l, prior);
-            assert!(expect(&plan), "{name}: {plan:?}");
-        }
-    }
-
-    #[test]
-    fn tight_is_left_once_stranding_drains_to_a_quarter() {
-        let (mut s, l) = (sample(), limits());
-        s.free = 7 * GIB;
-        let budget = assess(&s, &l, Prior::default()).strand_budget.unwrap();
-        s.stranded = budget / 4;
-        let prior = Prior {
-            tight: true,
-            cycle_seen: false,
-        };
-        assert!(!assess(&s, &l, prior).tight);
-        s.stranded += 1;
-        assert!(assess(&s, &l, prior).tight);
-    }
-
-    #[test]
-    fn keep_cache_only_with_room_and_too_little_to_release() {
-        let l = limits();
-        assert!(keep_cache(4 * GIB, &l, false, MIB, GIB));
-        assert!(!keep_cache(4 * GIB, &l, false, GIB, GIB), "enough to release");
-        assert!(!keep_cache(GIB, &l, false, MIB, GIB), "under the headroom");
-        assert!(!keep_cache(4 * GIB, &l, true, MIB, GIB), "under pressure");
-    }
-}
+#[path = "assess_tests.rs"]
+mod tests;

@@ -200,7 +200,9 @@ pub struct BoundsPolicy {
     /// strand: hold beyond what the driver would consume for them, where no release reaches
     /// (a small block alone in a 2 MiB page). Over it, a slab placement that would strand more
     /// gets an exact-size cached block instead (see `suballoc.strand_guard`). 0: never hold more
-    /// than passthrough would; larger values let slabs pack more freely.
+    /// than passthrough would; larger values let slabs pack more freely. Once the workload's
+    /// footprint has come back to its peak (its cycle repeats) with a quarter of the peak free
+    /// at it, and slabs are backed in pages, all of that memory (unless this is 0).
     pub strand_share: f64,
     /// Until the workload has shown a cycle (live memory fell under half its peak), its peak
     /// is taken to be this multiple of the peak so far when estimating the memory free at the

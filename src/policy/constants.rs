@@ -33,10 +33,10 @@ pub const TIGHT_ENTER_STRAND_DIVISOR: u64 = 2;
 /// blocks and strand more (random churns on 15-31 MiB devices failed at more capacities).
 pub const STRAND_CLEAR_DIVISOR: u64 = 4;
 
-/// Tight mode is for a device the workload nearly fills: once the workload has come back to
-/// its peak (its cycle repeats, `recurrence.rs`) and the memory expected free at the peak is
-/// at least the peak divided by this (a quarter), the device is not tight (`assess::tight`).
-/// Without exact-size blocks for small requests the robustness grid's churns failed up to
+/// The workload's peak is known, with room (`assess::peak_known`), once its footprint has come
+/// back to the peak (its cycle repeats, `recurrence.rs`) and the memory expected free at the
+/// peak is at least the peak divided by this (a quarter): the device is then not tight, and
+/// the strand guard may strand all of that memory. Without exact-size blocks for small requests the robustness grid's churns failed up to
 /// 1.15x passthrough's minimum (memory free at the peak under 15% of it) and at none of its
 /// capacities from 1.2x; a quarter keeps a margin over both.
 ///
@@ -49,7 +49,7 @@ pub const STRAND_CLEAR_DIVISOR: u64 = 4;
 /// staying tight until stranding drained, 795 ms; log-linear rounding of the exact-size
 /// blocks, 453 (robustness grid 13 / 14 / 27 against 9 / 4 / 11); `bounds.tight_below` at 30%,
 /// 25% or 20% of the device, 613, 480 or 399 (grid 10 / 7 / 14, 11 / 7 / 21, 12 / 8 / 29).
-pub const TIGHT_SPARE_DIVISOR: u64 = 4;
+pub const KNOWN_PEAK_SPARE_DIVISOR: u64 = 4;
 
 /// Tight mode is also left when free memory (counting the cache's idle blocks, see
 /// `assess::tight`) is over `bounds.tight_below` times this: a margin so that a device hovering
