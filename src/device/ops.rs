@@ -118,7 +118,8 @@ impl DriverOps {
     /// (`training` 35.1 -> 4.8, `phase-change` 30.2 -> 3.9), but `gpu-medium-ctx1024-infer`
     /// 49.4 -> 94.5 and `serving` 131.1 -> 166.9 (all 17: 1559 -> 1570); at 1.5x peak live
     /// `gpu-medium-ctx256-infer` 7.9 -> 0. Not changed: this is the one decision that follows
-    /// the prices.
+    /// the prices. Once the engine knows the workload's peak, though, the suballocator moves
+    /// whatever this says (`Suballoc::set_peak_known`).
     pub fn recycling_pays(&self) -> bool {
         let prices = [self.map, self.set_access, self.unmap, self.create, self.release].map(|t| t.mean_ns());
         match prices {

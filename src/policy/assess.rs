@@ -143,6 +143,8 @@ pub(crate) struct Plan {
     pub roomy_above: u64,
     pub segregate: bool,
     pub growth: f64,
+    /// The workload's peak is known, with room ([`peak_known`]).
+    pub peak_known: bool,
 }
 
 /// The plan for one sample. Pure: the same inputs always give the same plan.
@@ -219,6 +221,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
             Segregate::WhenTight => tight,
         },
         growth: if tight { lim.growth } else { lim.loose_growth },
+        peak_known: known,
     }
 }
 
@@ -331,7 +334,12 @@ fn share_cap(s: &Sample, lim: &Limits, left: u64) -> Option<u64> {
 /// The workload's peak is known, with room: its footprint has come back to the peak exactly
 /// (`Sample::peak_recurred`) and the memory expected free at the peak is at least
 /// 1/[`KNOWN_PEAK_SPARE_DIVISOR`] of it; not on a tiny device, nor with slabs backed whole
-/// (there the robustness grid failed 3 more runs at 1.3x). The device is then not tight, and
+/// (there the robustness grid failed 3 more runs at 1.3x). The device is then not tight, the
+/// suballocator moves idle pages past the slab limit whatever the prices (a page given back
+/// is created again at the next peak: `gpu-medium-ctx256-infer` at 1.5x peak live under
+/// vmm-fast.toml, 7.9 -> 0 ms a pass; at 1.3x the 17 workloads' sum 68.3 -> 58.5, with
+/// `gpu-medium-ctx1024-infer` 49 -> 0 and `gpu-medium-ctx512-infer` 0 -> 42; nothing else
+/// changed from 1.05x to 2x, and the default prices already move), and
 /// the strand guard may strand all the memory expected free at the peak ([`strand_budget`]):
 /// the slabs' stranding has room at a peak that repeats, where tight mode's exact-size blocks
 /// and the guard's cost a driver allocation and free each. `small-churn` at 1.5x peak live (its

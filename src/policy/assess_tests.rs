@@ -265,7 +265,7 @@ fn rules() {
         (
             "not tight once the peak has recurred with a quarter of it free at the peak",
             |s, _, _| (s.free, s.stranded, s.peak_recurred) = (7 * GIB, 2 * GIB, true),
-            |p| !p.tight && p.spare >= 10 * GIB / 4,
+            |p| !p.tight && p.peak_known && p.spare >= 10 * GIB / 4,
         ),
         (
             "tight is left once the peak has recurred with a quarter of it free at the peak",

@@ -339,6 +339,7 @@ impl Engine {
                 sub.set_roomy_above(plan.roomy_above);
                 sub.set_segregate(plan.segregate);
                 sub.set_growth(plan.growth);
+                sub.set_peak_known(plan.peak_known);
             }
         }
         if s.idle <= plan.idle_target {

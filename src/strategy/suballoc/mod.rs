@@ -183,6 +183,9 @@ pub struct Suballoc {
     /// When set, a placement that would leave `pinned` over `consumed` by more than this is
     /// refused ([`Suballoc::allocate_guarded`]).
     strand_budget: Option<u64>,
+    /// The engine knows the workload's peak: idle pages are moved where new ones would pass
+    /// the slab limit whatever the prices ([`set_peak_known`](Suballoc::set_peak_known)).
+    peak_known: bool,
     /// How the device's driver consumes memory (read once, on the first allocation).
     model: Option<Granularity>,
     /// Bytes of emptied slabs given back on frees so far because empty slabs passed
@@ -218,6 +221,7 @@ impl Suballoc {
             frozen: false,
             pages: Vec::new(),
             strand_budget: None,
+            peak_known: false,
             model: None,
             released_over_bound: 0,
             splices: Slots::new(),
@@ -380,6 +384,13 @@ impl Suballoc {
     /// `slab_limit`).
     pub fn set_slab_limit(&mut self, limit: u64) {
         self.slab_limit = limit;
+    }
+
+    /// The workload's peak is known (its footprint came back to it): a page given back where a
+    /// move would have served is created again at the next peak, so pages are moved past the
+    /// slab limit whatever the prices say (see `paging::map_pages`).
+    pub fn set_peak_known(&mut self, known: bool) {
+        self.peak_known = known;
     }
 
     /// Free device memory above the tight threshold, for `SlabBacking::Auto`'s choice of

@@ -219,10 +219,12 @@ impl Suballoc {
 
     /// Backs unmapped `runs` of slab `id` page by page. Idle pages of other slabs are moved
     /// there first when new ones would pass the controller's slab limit (free memory under the
-    /// headroom, or what is held over the share cap), and after the device refuses new ones: a
-    /// page recycled costs a map, an access grant and an unmap, against an unmap and a release
-    /// where it was, then a create and a map here. The rest are created. On failure the pages created here are unmapped;
-    /// those moved stay, idle and mapped.
+    /// headroom, or what is held over the share cap), and after the device refuses new ones,
+    /// where the prices say a move pays (a page recycled costs a map, an access grant and an
+    /// unmap, against an unmap and a release where it was, then a create and a map here) or the
+    /// engine knows the workload's peak ([`set_peak_known`](Suballoc::set_peak_known)). The rest
+    /// are created. On failure the pages created here are unmapped; those moved stay, idle and
+    /// mapped.
     fn map_pages(&mut self, dev: &dyn Device, id: u32, runs: &[(u64, u64)], page: u64) -> Result<(), DeviceError> {
         let vmm = dev.vmm().expect("a paged slab's device has vmm");
         let slab = self.slabs[id];
@@ -236,7 +238,8 @@ impl Suballoc {
         // (robustness grid, failing runs: `auto` 49 / 43 / 95 without moves, 52 / 64 / 298
         // with them; `large-handles` 53 / 39 / 28 and 54 / 44 / 53).
         let paged = self.config.backing == SlabBacking::Pages;
-        let recycles = || paged && dev.stats().ops.recycling_pays();
+        let known = self.peak_known;
+        let recycles = || paged && (known || dev.stats().ops.recycling_pays());
         let past = self.pages_past_room(todo.len() as u64, page) as usize;
         if past > 0 && recycles() {
             let room = todo.len() - past;
