@@ -45,10 +45,11 @@ pub const STRAND_CLEAR_DIVISOR: u64 = 4;
 /// 1.01-1.02x / from 1.03x: 57 / 65 / 94 with the exact return): 57 / 66 / 158 once the peak
 /// had held as long as the run took to reach it, 57 / 81 / 243 once the footprint had fallen
 /// under half of it, 57 / 79 / 188 once it had also come back within an eighth of it. Also
-/// measured on `small-churn` at 1.5x peak live instead (612 ms a pass before, 2.1 with this):
-/// staying tight until stranding drained, 795 ms; log-linear rounding of the exact-size
-/// blocks, 453 (robustness grid 13 / 14 / 27 against 9 / 4 / 11); `bounds.tight_below` at 30%,
-/// 25% or 20% of the device, 613, 480 or 399 (grid 10 / 7 / 14, 11 / 7 / 21, 12 / 8 / 29).
+/// measured on `small-churn` at 1.5x peak live instead (612 ms a pass before, 2.1 with tight
+/// mode aside): staying tight until stranding drained, 795 ms; log-linear rounding of the
+/// exact-size blocks, 453 (robustness grid 13 / 14 / 27 against 9 / 4 / 11);
+/// `bounds.tight_below` at 30%, 25% or 20% of the device, 613, 480 or 399 (grid 10 / 7 / 14,
+/// 11 / 7 / 21, 12 / 8 / 29).
 pub const KNOWN_PEAK_SPARE_DIVISOR: u64 = 4;
 
 /// Tight mode is also left when free memory (counting the cache's idle blocks, see
