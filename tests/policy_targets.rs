@@ -292,4 +292,20 @@ fn a_repeating_churn_with_room_at_its_peak_is_not_tight() {
     ));
     assert_eq!(ours.failed_allocs, 0);
     assert_share_of_passthrough("small-churn at 1.5x peak live", &ours, &pass, 2000);
+    // The tuning report says why small requests went back to slabs.
+    let dev = std::sync::Arc::new(adaptalloc::SimDevice::new(cap));
+    let alloc = adaptalloc::Allocator::adaptive(dev as std::sync::Arc<dyn adaptalloc::device::Device>);
+    let replay = adaptalloc_cli::trace::ReplayOptions {
+        repeat: 3,
+        ..Default::default()
+    };
+    adaptalloc_cli::trace::replay_with(&t, &alloc, replay, |_| ());
+    let report = alloc.report().unwrap();
+    assert!(
+        report
+            .route_changes
+            .iter()
+            .any(|c| c.reason.starts_with("the workload's peak came back with room at it")),
+        "{report}"
+    );
 }

@@ -364,12 +364,8 @@ fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
 /// the robustness grid from 1.03x under `auto`.
 fn strand_budget(lim: &Limits, spare: u64, known: bool) -> Option<u64> {
     let share = (spare as f64 * lim.strand_share) as u64;
-    lim.guard
-        .then_some(if known && share > 0 && lim.backing == SlabBacking::Pages {
-            share.max(spare)
-        } else {
-            share
-        })
+    let all = known && share > 0 && lim.backing == SlabBacking::Pages;
+    lim.guard.then_some(if all { share.max(spare) } else { share })
 }
 
 /// Tight mode: entered when free memory is under `bounds.tight_below` while the slabs strand

@@ -330,7 +330,7 @@ impl Engine {
         self.headroom = plan.headroom;
         if plan.tight != self.prior.tight {
             self.prior.tight = plan.tight;
-            self.route_small_for_tightness(routes, s.op, s.free);
+            self.route_small_for_tightness(routes, s.op, s.free, plan.peak_known);
         }
         for st in strategies.iter_mut() {
             if let Strategy::Suballoc(sub) = st {
@@ -368,8 +368,9 @@ impl Engine {
 
     /// While the device is tight, requests under 1 MiB get exact-size cached blocks (a slab page
     /// that holds one small live block pins a whole 2 MiB page; the driver packs small blocks at
-    /// 512 B); when it has room again, they go back to slabs.
-    fn route_small_for_tightness(&mut self, routes: &mut [u8; BUCKETS], op: u64, free: u64) {
+    /// 512 B); when it has room again, or the workload's peak is known (`assess::peak_known`),
+    /// they go back to slabs, and the route change says which.
+    fn route_small_for_tightness(&mut self, routes: &mut [u8; BUCKETS], op: u64, free: u64, peak_known: bool) {
         if self.policy.routing.mode != RoutingMode::Adaptive || !self.policy.routing.small_exact_when_tight {
             return;
         }
@@ -386,6 +387,11 @@ impl Engine {
         let reason = if tight {
             format!(
                 "device tight ({} free): small requests get exact-size blocks",
+                ByteSize(free)
+            )
+        } else if peak_known {
+            format!(
+                "the workload's peak came back with room at it ({} free): small requests back to slabs",
                 ByteSize(free)
             )
         } else {
