@@ -5,7 +5,10 @@
 //! driver time, driver calls and peak reserved; then the smallest device each completes on
 //! (0.5% search); then where adaptive falls short of a peer, counted and worst case; then the
 //! modelled-time targets (issue 16) under the default cost model and, for sensitivity, under
-//! `tuning/cost-models/vmm-fast.toml`; then where adaptive's modelled time goes, by kind.
+//! `tuning/cost-models/vmm-fast.toml`, each with the tuning report's advice judged over ten
+//! passes as `adaptalloc replay --repeat 10` judges it (adaptive with the default policy and
+//! with the advice, against `pytorch`, over the same passes); then where adaptive's modelled
+//! time goes, by kind.
 //!
 //! `cargo run --release --example peers_md > tuning/reports/peers.md` (about a minute here).
 
@@ -17,6 +20,7 @@ use workloads::traces;
 
 use adaptalloc::device::{CostModel, Granularity};
 use adaptalloc::size::{ByteSize, round_up};
+use adaptalloc_cli::advice::ADVICE_PASSES;
 use adaptalloc_cli::compare::{
     Capacity, CompareOptions, Contender, StrategyResult, passthrough_min_capacity, run_one, smallest_capacity,
 };
@@ -46,23 +50,31 @@ struct Targets {
     failed: u64,
     /// Modelled ms summed over the workloads: adaptive, pytorch.
     sums: (f64, f64),
-    /// Adaptive's modelled ms summed on a second run with its first run's advice (where
-    /// `adaptalloc replay` keeps it), and the runs where advice was kept.
-    advised: (f64, u32),
-    /// Workloads where the advised second run still took longer than `pytorch` (which completed), of
-    /// those where it completed.
+    /// Over `ADVICE_PASSES` passes, summed (ms): adaptive with the default policy, adaptive
+    /// with its first run's advice (where `adaptalloc replay` keeps it, else the default policy
+    /// again), `pytorch`; and the runs where advice was kept.
+    advised: (f64, f64, f64, u32),
+    /// Workloads where the advised runs still took longer than `pytorch`'s over those passes, of
+    /// those where `pytorch` completed them.
     advised_over_pytorch: (u32, u32),
     /// Adaptive's modelled time by kind, summed: kind -> (calls, ns).
     kinds: std::collections::BTreeMap<&'static str, (u64, u64)>,
 }
 
 impl Targets {
-    /// Counts adaptive's second run on `t` at `capacity` with its first run's advice, under
-    /// `cost`, against `pytorch`'s run `p` where that completed.
-    fn advise(&mut self, t: &Trace, capacity: u64, cost: &CostModel, p: &StrategyResult) {
-        let (advised, kept) = advised_ns(t, capacity, cost);
-        self.advised.0 += advised as f64 / 1e6;
-        self.advised.1 += u32::from(kept);
+    /// Counts adaptive's runs of `ADVICE_PASSES` passes on `t` at `capacity` under `opts`'
+    /// prices, with the default policy and with its first run's advice, against `pytorch`'s.
+    fn advise(&mut self, t: &Trace, capacity: u64, opts: &CompareOptions) {
+        let (plain, advised, kept) = advised_ns(t, capacity, &opts.cost_model);
+        let passes = CompareOptions {
+            repeat: ADVICE_PASSES,
+            ..opts.clone()
+        };
+        let p = run_one(t, Contender::Pytorch, capacity, &passes);
+        self.advised.0 += plain as f64 / 1e6;
+        self.advised.1 += advised as f64 / 1e6;
+        self.advised.2 += p.modeled_driver_ns as f64 / 1e6;
+        self.advised.3 += u32::from(kept);
         if p.completed {
             self.advised_over_pytorch.1 += 1;
             self.advised_over_pytorch.0 += u32::from(advised > p.modeled_driver_ns);
@@ -108,18 +120,21 @@ impl Targets {
             })
             .collect();
         format!(
-            "- {label}: adaptive {:.0} ms in all ({:.0} ms on a second run with its tuning report's advice, kept on {} \
-             workload{}; then over `pytorch` on {} of {}), `pytorch` {:.0} ms; adaptive's time is {}; adaptive failed {} \
-             allocations where passthrough completed.",
+            "- {label}: adaptive {:.0} ms in all, `pytorch` {:.0} ms; adaptive's time is {}; adaptive failed {} \
+             allocations where passthrough completed. Over {ADVICE_PASSES} passes: adaptive {:.0} ms, {:.0} ms \
+             with its tuning report's advice (kept on {} workload{}), `pytorch` {:.0} ms; the advised runs over \
+             `pytorch`'s on {} of {}.",
             self.sums.0,
-            self.advised.0,
-            self.advised.1,
-            if self.advised.1 == 1 { "" } else { "s" },
-            self.advised_over_pytorch.0,
-            self.advised_over_pytorch.1,
             self.sums.1,
             parts.join("; "),
-            self.failed
+            self.failed,
+            self.advised.0,
+            self.advised.1,
+            self.advised.3,
+            if self.advised.3 == 1 { "" } else { "s" },
+            self.advised.2,
+            self.advised_over_pytorch.0,
+            self.advised_over_pytorch.1,
         )
     }
 }
@@ -182,9 +197,7 @@ fn main() {
             println!("| {} ({}) | {} |", t.name, ByteSize(c), cells.join(" | "));
             let a = &rs[0];
             tg.sums.0 += a.modeled_driver_ns as f64 / 1e6;
-            if let Some(p) = shown.iter().position(|&s| s == Contender::Pytorch).map(|i| &rs[i]) {
-                tg.advise(t, c, &opts.cost_model, p);
-            }
+            tg.advise(t, c, &opts);
             for k in &a.driver_by_kind {
                 let e = tg.kinds.entry(k.kind).or_default();
                 (e.0, e.1) = (e.0 + k.calls, e.1 + k.ns);
@@ -320,7 +333,7 @@ fn main() {
                 let r = run_one(t, s, c, &fast);
                 if s == Contender::Pytorch {
                     tg.sums.1 += r.modeled_driver_ns as f64 / 1e6;
-                    tg.advise(t, c, &fast.cost_model, &r);
+                    tg.advise(t, c, &fast);
                 }
                 tg.check(s.name(), t, &a, &r);
             }
@@ -340,18 +353,25 @@ fn main() {
     }
 }
 
-/// Adaptive's modelled driver time on `t` at `capacity` under `cost` on a second run with the
-/// default policy's tuning report's advice, checked by replay as `adaptalloc replay` does, and
-/// whether advice was kept (the first run's time when none was).
-fn advised_ns(t: &Trace, capacity: u64, cost: &CostModel) -> (u64, bool) {
+/// Adaptive's modelled driver time over `ADVICE_PASSES` passes of `t` at `capacity` under
+/// `cost`: with the default policy, and with that run's tuning report's advice, checked by
+/// replay as `adaptalloc replay --repeat 10` does (the default policy's time again where none
+/// was kept); and whether advice was kept.
+fn advised_ns(t: &Trace, capacity: u64, cost: &CostModel) -> (u64, u64, bool) {
     use adaptalloc::device::SimDevice;
     use adaptalloc::policy::Policy;
+    use adaptalloc_cli::trace::ReplayOptions;
     use std::sync::Arc;
-    let run = adaptalloc_cli::advice::run_with_advice(t, &Policy::default(), Default::default(), || {
+    let options = ReplayOptions {
+        repeat: ADVICE_PASSES,
+        ..ReplayOptions::default()
+    };
+    let run = adaptalloc_cli::advice::run_with_advice(t, &Policy::default(), options, || {
         Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost.clone()).build())
     });
+    let plain = run.metrics.modeled_driver_ns;
     match run.advised {
-        Some(m) => (m.modeled_driver_ns, true),
-        None => (run.metrics.modeled_driver_ns, false),
+        Some(m) => (plain, m.modeled_driver_ns, true),
+        None => (plain, plain, false),
     }
 }
