@@ -265,7 +265,8 @@ def report(snapshot, capacity=None, capacity_factor=None, policy=None, repeat=1,
     """The tuning report (Markdown) of the default policy, or ``policy`` (a preset name or a
     policy file), replaying ``snapshot`` ``repeat`` times on a simulated device, priced by
     ``cost_model`` (a file; the built-in default when None). Its advice is kept only where
-    replaying it, at those prices, fails nothing more and costs less."""
+    replaying it over ten passes, at those prices, fails nothing more, costs less in all and
+    no more a pass once warm."""
     path, data = _source(snapshot)
     repeat, cost_model = _repeat(repeat), _cost_model(cost_model)
     return _native.report_markdown(
