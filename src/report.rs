@@ -377,6 +377,40 @@ impl TuningReport {
         serde_json::to_string_pretty(self).expect("a report always serializes")
     }
 
+    /// Other changes worth replaying beside the recommended policy, each with why: a remedy
+    /// whose effect depends on the workload more than the report can tell, for a replay to
+    /// judge (`adaptalloc replay` keeps whichever candidate its replay shows best). Where memory
+    /// ran short with slabs in use: slabs grown by all that is held (`suballoc.growth` and
+    /// `loose_growth` 1), fewer and larger slabs, so that free memory is split across fewer slab
+    /// boundaries and idle pages move between slabs less. Segregated slabs (the recommendation)
+    /// suit a workload whose freed holes the next request of their class fits; larger slabs one
+    /// whose pages moved between slabs every step: at 1.1x passthrough's minimum, replay over ten
+    /// passes favoured larger slabs on `phase-change` (7.1 -> 0.03 ms a pass),
+    /// `cpu-resnet18-train` (4.7 -> 0.03) and `gpu-medium-ctx256-infer` (65 -> 19), and
+    /// segregated ones on `gpu-medium-ctx1024-infer` (222 -> 32).
+    pub fn alternatives(&self, used: &Policy) -> Vec<(Policy, String)> {
+        let fixed = used.routing.mode.fixed();
+        let slabs = fixed.is_none_or(|k| k == StrategyKind::Suballoc);
+        let tight = self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0;
+        let mut out = Vec::new();
+        if tight && slabs && (used.suballoc.growth < 1.0 || used.suballoc.loose_growth < 1.0) {
+            let mut p = used.clone();
+            p.suballoc.growth = p.suballoc.growth.max(1.0);
+            p.suballoc.loose_growth = p.suballoc.loose_growth.max(1.0);
+            p.description = format!("recommended by adaptalloc for this workload; based on: {}", self.policy);
+            out.push((
+                p,
+                format!(
+                    "memory ran short ({} failed, {} recovered out-of-memory, {} pressure events): grow slabs by all \
+                     they hold (suballoc.growth = 1), fewer and larger slabs, so that free memory is split across \
+                     fewer slab boundaries",
+                    self.failed_allocs, self.oom_recoveries, self.pressure_events
+                ),
+            ));
+        }
+        out
+    }
+
     /// The report as TOML.
     pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
         toml::to_string_pretty(self)

@@ -69,8 +69,10 @@ pub const ADVICE_PASSES: u32 = 10;
 
 /// Advice that holds: says when the workload's peak footprint (`needed`, what passthrough's
 /// live blocks consume at most) does not fit the device, and otherwise replays the report's
-/// recommended policy (`replay`) on the same trace and device, keeping it only when it fails
-/// fewer allocations than the run (`ran`), or as many while costing less over
+/// recommended policy and its alternatives ([`TuningReport::alternatives`]) with `replay` on the
+/// same trace and device, and keeps the best of those that hold (the fewest failures, then the
+/// least time over the passes; the others are named with what they made). A candidate holds
+/// when it fails fewer allocations than the run (`ran`), or as many while costing less over
 /// [`ADVICE_PASSES`] passes in all (the warm-up and the passes after it) and no more a pass in
 /// steady state (5% or 0.05 ms a pass of slack), both policies replayed over those passes. A
 /// training loop pays the steady state on every step: advice that saves the first pass and
@@ -88,8 +90,6 @@ pub fn check_advice(
     options: ReplayOptions,
     replay: impl Fn(&Policy, ReplayOptions) -> ReplayMetrics,
 ) -> Option<ReplayMetrics> {
-    let mut same = report.recommended_policy.clone();
-    same.description.clone_from(&used.description);
     if needed > capacity {
         report.recommendations = vec![format!(
             "the workload's peak footprint ({}) does not fit this device ({}): no policy completes it \
@@ -102,11 +102,26 @@ pub fn check_advice(
         report.recommends_change = false;
         return None;
     }
-    if same == *used {
+    // The candidates: the recommended policy where it changes anything, then the report's
+    // alternatives (`TuningReport::alternatives`), each with why.
+    let changes = |p: &Policy| {
+        let mut q = p.clone();
+        q.description.clone_from(&used.description);
+        q != *used
+    };
+    let mut candidates: Vec<(Policy, Vec<String>)> = Vec::new();
+    if changes(&report.recommended_policy) {
+        candidates.push((report.recommended_policy.clone(), report.recommendations.clone()));
+    }
+    for (p, why) in report.alternatives(used) {
+        if changes(&p) && candidates.iter().all(|(q, _)| *q != p) {
+            candidates.push((p, vec![why]));
+        }
+    }
+    if candidates.is_empty() {
         return None;
     }
-    let r = replay(&report.recommended_policy, options);
-    // Each policy over ADVICE_PASSES: the replays above, when they already ran that many.
+    // Each policy over ADVICE_PASSES: the replays below, when they already ran that many.
     let passes = |p: &Policy, m: &ReplayMetrics| {
         if options.repeat == ADVICE_PASSES {
             return m.passes;
@@ -117,44 +132,92 @@ pub fn check_advice(
         };
         replay(p, o).passes
     };
-    let (was, now) = (passes(used, ran), passes(&report.recommended_policy, &r));
-    let ms = |ns: u64| ns as f64 / 1e6;
-    let measured = format!(
-        "{} failed, {:.1} ms modelled driver time, against this run's {} failed, {:.1} ms; over {ADVICE_PASSES} \
-         passes, {:.1} ms in all (a warm-up of {:.1} ms and {:.2} ms a pass after), against {:.1} ms ({:.1} ms \
-         and {:.2} ms)",
-        r.failed_allocs,
-        ms(r.modeled_driver_ns),
-        ran.failed_allocs,
-        ms(ran.modeled_driver_ns),
-        ms(over_passes(&now)),
-        ms(now.warmup_ns),
-        ms(now.steady_pass_ns),
-        ms(over_passes(&was)),
-        ms(was.warmup_ns),
-        ms(was.steady_pass_ns)
-    );
+    let was = passes(used, ran);
+    let tried: Vec<Tried> = candidates
+        .into_iter()
+        .map(|(policy, why)| {
+            let run = replay(&policy, options);
+            let over = passes(&policy, &run);
+            Tried { policy, why, run, over }
+        })
+        .collect();
     let slack = (was.steady_pass_ns / 20).max(50_000);
     // Fewer failures win outright; as many, only cheaper over the passes in all and no dearer a
-    // pass once warm.
-    let better = r.failed_allocs < ran.failed_allocs
-        || (r.failed_allocs == ran.failed_allocs
-            && over_passes(&now) < over_passes(&was)
-            && now.steady_pass_ns <= was.steady_pass_ns + slack);
-    if better {
-        report.recommendations.push(format!(
-            "replayed on this trace and device, the recommended policy made {measured}"
-        ));
-        Some(r)
-    } else {
-        let considered = report.recommendations.join("; ");
+    // pass once warm. Of the candidates that hold, the one with the fewest failures, then the
+    // least time over the passes.
+    let holds = |t: &Tried| {
+        t.run.failed_allocs < ran.failed_allocs
+            || (t.run.failed_allocs == ran.failed_allocs
+                && over_passes(&t.over) < over_passes(&was)
+                && t.over.steady_pass_ns <= was.steady_pass_ns + slack)
+    };
+    let best = tried
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| holds(t))
+        .min_by_key(|(_, t)| (t.run.failed_allocs, over_passes(&t.over)))
+        .map(|(i, _)| i);
+    let measured = |t: &Tried| {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        format!(
+            "{} failed, {:.1} ms modelled driver time, against this run's {} failed, {:.1} ms; over {ADVICE_PASSES} \
+             passes, {:.1} ms in all (a warm-up of {:.1} ms and {:.2} ms a pass after), against {:.1} ms ({:.1} ms \
+             and {:.2} ms)",
+            t.run.failed_allocs,
+            ms(t.run.modeled_driver_ns),
+            ran.failed_allocs,
+            ms(ran.modeled_driver_ns),
+            ms(over_passes(&t.over)),
+            ms(t.over.warmup_ns),
+            ms(t.over.steady_pass_ns),
+            ms(over_passes(&was)),
+            ms(was.warmup_ns),
+            ms(was.steady_pass_ns)
+        )
+    };
+    let Some(best) = best else {
+        let considered: Vec<String> = tried
+            .iter()
+            .map(|t| format!("({}) made {}", t.why.join("; "), measured(t)))
+            .collect();
         report.recommendations = vec![format!(
-            "no change: replayed on this trace and device, the changes considered ({considered}) made {measured}"
+            "no change: replayed on this trace and device, the changes considered {}",
+            considered.join("; and ")
         )];
         report.recommended_policy = used.clone();
         report.recommends_change = false;
-        None
+        return None;
+    };
+    let mut recommendations = tried[best].why.clone();
+    for (i, t) in tried.iter().enumerate() {
+        if i != best {
+            recommendations.push(format!(
+                "also replayed, not kept: {} ({} failed; over {ADVICE_PASSES} passes {:.1} ms in all, {:.2} ms a pass after)",
+                t.why.join("; "),
+                t.run.failed_allocs,
+                over_passes(&t.over) as f64 / 1e6,
+                t.over.steady_pass_ns as f64 / 1e6
+            ));
+        }
     }
+    recommendations.push(format!(
+        "replayed on this trace and device, the recommended policy made {}",
+        measured(&tried[best])
+    ));
+    report.recommendations = recommendations;
+    report.recommends_change = true;
+    let kept = tried.into_iter().nth(best).expect("best is an index of tried");
+    report.recommended_policy = kept.policy;
+    Some(kept.run)
+}
+
+/// A candidate policy replayed by [`check_advice`]: why it was proposed, its replay with the
+/// run's options, and its times over [`ADVICE_PASSES`] passes.
+struct Tried {
+    policy: Policy,
+    why: Vec<String>,
+    run: ReplayMetrics,
+    over: PassTimes,
 }
 
 /// Modelled driver time over [`ADVICE_PASSES`] passes: the warm-up (the first pass and the

@@ -161,3 +161,55 @@ fn advice_whose_dearer_warm_up_the_later_passes_repay_is_kept() {
         assert!(said.contains(total) && said.contains("against 1600.0 ms"), "{said}");
     }
 }
+
+/// Where memory ran short, the report's alternative (larger slabs) is replayed beside its
+/// recommendation (segregated slabs) and the better one kept: the bundled `phase-change` at
+/// 1.1x passthrough's minimum moved pages between slabs every step (7 ms a pass), which larger
+/// slabs end, while segregated slabs cost more on every pass; the report names the one not
+/// kept. A run with room and no pressure offers no alternative.
+#[test]
+fn where_memory_ran_short_larger_slabs_are_replayed_beside_segregated_ones() {
+    use adaptalloc::device::Granularity;
+    use adaptalloc_cli::compare::passthrough_min_capacity;
+    use adaptalloc_cli::trace::ReplayOptions;
+
+    let spec = WorkloadSpec::bundled("phase-change").unwrap();
+    let t = spec.generate(spec.seed);
+    let tight = passthrough_min_capacity(&t, Granularity::default()) * 11 / 10;
+    let options = ReplayOptions {
+        repeat: 10,
+        ..ReplayOptions::default()
+    };
+    let run = run_with_advice(&t, &Policy::default(), options, || Arc::new(SimDevice::new(tight)));
+    let alternatives = run.report.alternatives(&Policy::default());
+    assert_eq!(alternatives.len(), 1, "{alternatives:?}");
+    assert_eq!(alternatives[0].0.suballoc.growth, 1.0);
+    let kept = run.advised.expect("advice kept");
+    let p = &run.report.recommended_policy;
+    assert_eq!(
+        (p.suballoc.growth, p.suballoc.loose_growth),
+        (1.0, 1.0),
+        "{:?}",
+        run.report.recommendations
+    );
+    assert!(
+        run.report
+            .recommendations
+            .iter()
+            .any(|r| r.starts_with("also replayed, not kept") && r.contains("segregate slabs")),
+        "{:?}",
+        run.report.recommendations
+    );
+    assert_eq!(kept.failed_allocs, 0);
+    assert!(
+        kept.passes.steady_pass_ns * 10 < run.metrics.passes.steady_pass_ns,
+        "{} against {} ns a pass",
+        kept.passes.steady_pass_ns,
+        run.metrics.passes.steady_pass_ns
+    );
+    // With room, nothing ran short: no alternative.
+    let roomy = run_with_advice(&t, &Policy::default(), options, || {
+        Arc::new(SimDevice::new(t.peak_live_bytes() * 4))
+    });
+    assert!(roomy.report.alternatives(&Policy::default()).is_empty());
+}
