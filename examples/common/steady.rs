@@ -76,6 +76,45 @@ fn cause(a: &StrategyResult, five: &StrategyResult, steady: bool) -> String {
     format!("{}: {}", if steady { "a pass" } else { "warm-up" }, parts.join(", "))
 }
 
+/// What the tuning report of adaptive's run on `t` at `capacity` under `model` advises, as
+/// `adaptalloc replay --repeat 10` checks it: the change kept and its warm-up and steady pass
+/// over ten passes, or that none was kept.
+fn advice(t: &Trace, capacity: u64, model: &CostModel, policy: &Policy) -> String {
+    use adaptalloc::device::SimDevice;
+    use adaptalloc_cli::advice::{ADVICE_PASSES, run_with_advice};
+    use adaptalloc_cli::trace::ReplayOptions;
+    use std::sync::Arc;
+    let options = ReplayOptions {
+        repeat: ADVICE_PASSES,
+        ..ReplayOptions::default()
+    };
+    let run = run_with_advice(t, policy, options, || {
+        Arc::new(
+            SimDevice::builder()
+                .capacity(capacity)
+                .cost_model(model.clone())
+                .build(),
+        )
+    });
+    let Some(kept) = run.advised else {
+        return "the tuning report's advice: none held over ten passes".into();
+    };
+    // Each reason's remedy: what follows its first ": " (the reasons say what happened, then
+    // what to change); the last line is the replay's figures.
+    let reasons = &run.report.recommendations;
+    let changes: Vec<&str> = reasons[..reasons.len() - 1]
+        .iter()
+        .filter(|r| !r.starts_with("also replayed"))
+        .map(|r| r.split_once(": ").map_or(r.as_str(), |(_, change)| change))
+        .collect();
+    format!(
+        "with the tuning report's advice ({}): warm-up {:.1} ms, {:.2} ms a pass",
+        changes.join("; "),
+        ms(kept.passes.warmup_ns),
+        ms(kept.passes.steady_pass_ns)
+    )
+}
+
 /// Issue 24's two price lists: the default model and `tuning/cost-models/vmm-fast.toml`.
 pub fn default_models() -> Vec<(String, CostModel)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -91,7 +130,9 @@ pub fn default_models() -> Vec<(String, CostModel)> {
 /// Prints a table per cost model in `models` (name, model) and capacity (1.1x passthrough's
 /// minimum, 1.5x, 2x and 4x peak live) over `traces`, each under a heading of level `h` (`##`),
 /// with `policy` (the default where None) as adaptive's: failed allocations, warm-up and steady
-/// state a pass in ms, the sums, and every miss of issue 24's targets with its cause.
+/// state a pass in ms, the sums, and every miss of issue 24's targets with its cause and what
+/// the run's tuning report advises (checked by replay over ten passes, as `adaptalloc replay
+/// --repeat 10` does).
 pub fn print_tables(traces: &[Trace], policy: Option<Policy>, models: &[(String, CostModel)], h: &str) {
     let g = Granularity::default();
     let factor = move |t: &Trace, f: f64| Capacity::Factor(f).bytes_for(t.peak_live_bytes(), g.large_granule);
@@ -164,12 +205,20 @@ pub fn print_tables(traces: &[Trace], policy: Option<Policy>, models: &[(String,
                     )
                 };
                 let mut a5 = None;
+                let mut advised = None;
+                let used = policy.clone().unwrap_or_default();
                 if let Some(b) = best_steady
                     && a.completed
                     && asd > b + 500_000
                 {
                     let why = cause(&a, a5.get_or_insert_with(five), true);
-                    misses.push(format!("steady {}: {:.2} vs {:.2} ms ({why})", t.name, ms(asd), ms(b)));
+                    let advice = advised.get_or_insert_with(|| advice(t, c, model, &used));
+                    misses.push(format!(
+                        "steady {}: {:.2} vs {:.2} ms ({why}); {advice}",
+                        t.name,
+                        ms(asd),
+                        ms(b)
+                    ));
                 }
                 if pt.completed && a.completed {
                     steady += asd;
@@ -180,8 +229,9 @@ pub fn print_tables(traces: &[Trace], policy: Option<Policy>, models: &[(String,
                     warm_pt += pt.warmup_ns.unwrap();
                     if aw as f64 > 1.5 * pt.warmup_ns.unwrap() as f64 {
                         let why = cause(&a, a5.get_or_insert_with(five), false);
+                        let advice = advised.get_or_insert_with(|| advice(t, c, model, &used));
                         misses.push(format!(
-                            "warm-up {}: {:.1} vs {:.1} ms ({:.1}x; {why})",
+                            "warm-up {}: {:.1} vs {:.1} ms ({:.1}x; {why}); {advice}",
                             t.name,
                             ms(aw),
                             ms(pt.warmup_ns.unwrap()),
