@@ -6,10 +6,11 @@
 //! Prints, as Markdown, a table per cost model and capacity (failed allocations, warm-up and
 //! steady state per pass, in ms), the sums and every miss of issue 24's targets with its
 //! numbers and its cause: the driver calls that make the missing time (a pass of the steady
-//! state, or the warm-up), from a second run of five passes. Written to
-//! `tuning/reports/steady.md`:
+//! state, or the warm-up), from a second run of five passes; and what the run's tuning report
+//! advises, checked by replay over ten passes as `adaptalloc replay --repeat 10` does. Written
+//! to `tuning/reports/steady.md`:
 //!
-//! `cargo run --release --example steady_eval > tuning/reports/steady.md` (about 20 s here);
+//! `cargo run --release --example steady_eval > tuning/reports/steady.md` (about 35 s here);
 //! `-- --policy FILE` evaluates another policy as adaptive's; `-- --cost-model FILE` prices with
 //! that model alone (`tuning/reports/steady-nvidia-h200.md`: the prices measured on an H200).
 
