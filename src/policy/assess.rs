@@ -359,12 +359,20 @@ fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
 
 /// The strand guard's budget (None with the guard off): `bounds.strand_share` of the memory
 /// expected free at the peak, and all of it once the peak is known where slabs are backed page
-/// by page (a share of 0 stays 0). Under the other backings the budget also shapes handles
-/// (`auto` takes one handle for a slab the budget covers), and all of it failed 2 more runs of
-/// the robustness grid from 1.03x under `auto`.
+/// by page or in handles shaped to blocks (a share of 0 stays 0). Under `auto` and
+/// `large-handles` the budget also sizes new slabs' handles, and all of it failed 2 more runs
+/// of the robustness grid from 1.03x under `auto`. Under `blocks` it decides whether an idle
+/// handle a smaller block would cover in part is pinned whole or given back and made again in
+/// the block's shape: with all of it, 17 workloads at 1.5x peak live, summed where PyTorch's
+/// allocator completes, 31.9 -> 17.6 ms a pass (`gpu-medium-ctx1024-train` 1.58 -> 0.02; worse:
+/// `gpu-medium-ctx128-infer` 9.2 -> 27.2), 2x 8.7 -> 6.9, under `vmm-fast.toml` 22.3 -> 14.0 and
+/// 6.0 -> 5.7; `blocks`' robustness grid the same (25 / 11 / 16 failing runs). As the tuning
+/// report's advice, replayed over ten passes (`tuning/reports/peers.md`), it now holds on 11 and
+/// 16 of the 17 workloads at 1.5x and 2x peak live (9 and 14), for 3314 and 1984 ms in all
+/// (5482 and 4015).
 fn strand_budget(lim: &Limits, spare: u64, known: bool) -> Option<u64> {
     let share = (spare as f64 * lim.strand_share) as u64;
-    let all = known && share > 0 && lim.backing == SlabBacking::Pages;
+    let all = known && share > 0 && matches!(lim.backing, SlabBacking::Pages | SlabBacking::Blocks);
     lim.guard.then_some(if all { share.max(spare) } else { share })
 }
 

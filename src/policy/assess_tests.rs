@@ -143,7 +143,7 @@ fn rules() {
         fn(&mut Sample, &mut Limits, &mut Prior),
         fn(&Plan) -> bool,
     );
-    let rows: [Row; 29] = [
+    let rows: [Row; 30] = [
         (
             "cycle: footprint under half its peak after the first interval",
             |s, _, _| s.footprint = 4 * GIB,
@@ -288,9 +288,14 @@ fn rules() {
             |p| p.strand_budget == Some(p.spare),
         ),
         (
-            "once the peak is known, the budget stays the share where slabs are not paged",
+            "once the peak is known, the budget stays the share where it sizes handles",
             |s, l, _| (s.free, s.peak_recurred, l.backing) = (7 * GIB, true, SlabBacking::Auto),
             |p| !p.tight && p.strand_budget == Some((p.spare as f64 * 0.1) as u64),
+        ),
+        (
+            "once the peak is known, handles shaped to blocks may strand all of the memory free at it",
+            |s, l, _| (s.free, s.peak_recurred, l.backing) = (7 * GIB, true, SlabBacking::Blocks),
+            |p| p.peak_known && p.strand_budget == Some(p.spare),
         ),
         (
             "a strand share of 0 stays 0 once the peak is known",
