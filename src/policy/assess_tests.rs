@@ -143,7 +143,7 @@ fn rules() {
         fn(&mut Sample, &mut Limits, &mut Prior),
         fn(&Plan) -> bool,
     );
-    let rows: [Row; 30] = [
+    let rows: [Row; 31] = [
         (
             "cycle: footprint under half its peak after the first interval",
             |s, _, _| s.footprint = 4 * GIB,
@@ -295,6 +295,11 @@ fn rules() {
         (
             "once the peak is known, handles shaped to blocks may strand all of the memory free at it",
             |s, l, _| (s.free, s.peak_recurred, l.backing) = (7 * GIB, true, SlabBacking::Blocks),
+            |p| p.peak_known && p.strand_budget == Some(p.spare),
+        ),
+        (
+            "once the peak is known, slabs in eighths may strand all of the memory free at it",
+            |s, l, _| (s.free, s.peak_recurred, l.backing) = (7 * GIB, true, SlabBacking::LargeHandles),
             |p| p.peak_known && p.strand_budget == Some(p.spare),
         ),
         (
