@@ -262,20 +262,19 @@ impl TuningReport {
 
     /// Derives the recommended policy from what happened. Each change says why.
     fn recommend(&mut self) {
+        let (tight, short, description) = (self.ran_short(), self.ran_short_text(), self.recommended_description());
         let p = &mut self.recommended_policy;
         let mut why = Vec::new();
         // Only keys that take effect under the policy's mode: slab settings where slabs are
         // used, idle bounds where memory is kept, routing where routes are chosen.
         let fixed = p.routing.mode.fixed();
-        let slabs = fixed.is_none_or(|k| k == crate::strategy::StrategyKind::Suballoc);
+        let slabs = uses_slabs(p);
         let keeps_idle = fixed != Some(crate::strategy::StrategyKind::Passthrough);
-        let tight = self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0;
         if tight && slabs {
             if p.suballoc.segregate != Segregate::Always {
                 p.suballoc.segregate = Segregate::Always;
                 why.push(format!(
-                    "memory ran short ({} failed, {} recovered out-of-memory, {} pressure events): segregate slabs by size so freed holes fit the next request of their class",
-                    self.failed_allocs, self.oom_recoveries, self.pressure_events
+                    "{short}: segregate slabs by size so freed holes fit the next request of their class"
                 ));
             }
             if p.suballoc.loose_growth > p.suballoc.growth {
@@ -367,7 +366,7 @@ impl TuningReport {
         if why.is_empty() {
             why.push("the policy used fits this workload: no change".into());
         }
-        p.description = format!("recommended by adaptalloc for this workload; based on: {}", self.policy);
+        p.description = description;
         self.recommendations = why;
     }
 
@@ -389,26 +388,41 @@ impl TuningReport {
     /// `cpu-resnet18-train` (4.7 -> 0.03) and `gpu-medium-ctx256-infer` (65 -> 19), and
     /// segregated ones on `gpu-medium-ctx1024-infer` (222 -> 32).
     pub fn alternatives(&self, used: &Policy) -> Vec<(Policy, String)> {
-        let fixed = used.routing.mode.fixed();
-        let slabs = fixed.is_none_or(|k| k == StrategyKind::Suballoc);
-        let tight = self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0;
         let mut out = Vec::new();
-        if tight && slabs && (used.suballoc.growth < 1.0 || used.suballoc.loose_growth < 1.0) {
+        if self.ran_short() && uses_slabs(used) && (used.suballoc.growth < 1.0 || used.suballoc.loose_growth < 1.0) {
             let mut p = used.clone();
             p.suballoc.growth = p.suballoc.growth.max(1.0);
             p.suballoc.loose_growth = p.suballoc.loose_growth.max(1.0);
-            p.description = format!("recommended by adaptalloc for this workload; based on: {}", self.policy);
+            p.description = self.recommended_description();
             out.push((
                 p,
                 format!(
-                    "memory ran short ({} failed, {} recovered out-of-memory, {} pressure events): grow slabs by all \
-                     they hold (suballoc.growth = 1), fewer and larger slabs, so that free memory is split across \
-                     fewer slab boundaries",
-                    self.failed_allocs, self.oom_recoveries, self.pressure_events
+                    "{}: grow slabs by all they hold (suballoc.growth = 1), fewer and larger slabs, so that free \
+                     memory is split across fewer slab boundaries",
+                    self.ran_short_text()
                 ),
             ));
         }
         out
+    }
+
+    /// Memory ran short in the run: a request failed, an out-of-memory was recovered, or free
+    /// memory fell under the low watermark.
+    fn ran_short(&self) -> bool {
+        self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0
+    }
+
+    /// "memory ran short (...)" with the run's counts, as the reasons that follow from it begin.
+    fn ran_short_text(&self) -> String {
+        format!(
+            "memory ran short ({} failed, {} recovered out-of-memory, {} pressure events)",
+            self.failed_allocs, self.oom_recoveries, self.pressure_events
+        )
+    }
+
+    /// The description a policy recommended from this run carries.
+    fn recommended_description(&self) -> String {
+        format!("recommended by adaptalloc for this workload; based on: {}", self.policy)
     }
 
     /// The report as TOML.
@@ -616,6 +630,11 @@ impl fmt::Display for TuningReport {
         }
         writeln!(f, "\n```toml\n{}```", self.recommended_policy.to_toml())
     }
+}
+
+/// Whether `policy`'s slab settings take effect: slabs serve some requests under its mode.
+fn uses_slabs(policy: &Policy) -> bool {
+    policy.routing.mode.fixed().is_none_or(|k| k == StrategyKind::Suballoc)
 }
 
 /// A `bounds.spare_share` that keeps more idle memory than `used`: half of what `used` left to

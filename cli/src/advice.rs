@@ -104,18 +104,12 @@ pub fn check_advice(
     }
     // The candidates: the recommended policy where it changes anything, then the report's
     // alternatives (`TuningReport::alternatives`), each with why.
-    let changes = |p: &Policy| {
-        let mut q = p.clone();
-        q.description.clone_from(&used.description);
-        q != *used
-    };
     let mut candidates: Vec<(Policy, Vec<String>)> = Vec::new();
-    if changes(&report.recommended_policy) {
-        candidates.push((report.recommended_policy.clone(), report.recommendations.clone()));
-    }
-    for (p, why) in report.alternatives(used) {
-        if changes(&p) && candidates.iter().all(|(q, _)| *q != p) {
-            candidates.push((p, vec![why]));
+    let proposed = std::iter::once((report.recommended_policy.clone(), report.recommendations.clone()))
+        .chain(report.alternatives(used).into_iter().map(|(p, why)| (p, vec![why])));
+    for (p, why) in proposed {
+        if !same_settings(&p, used) && candidates.iter().all(|(q, _)| !same_settings(q, &p)) {
+            candidates.push((p, why));
         }
     }
     if candidates.is_empty() {
@@ -209,6 +203,13 @@ pub fn check_advice(
     let kept = tried.into_iter().nth(best).expect("best is an index of tried");
     report.recommended_policy = kept.policy;
     Some(kept.run)
+}
+
+/// Whether two policies set the same (their descriptions aside).
+fn same_settings(a: &Policy, b: &Policy) -> bool {
+    let mut a = a.clone();
+    a.description.clone_from(&b.description);
+    a == *b
 }
 
 /// A candidate policy replayed by [`check_advice`]: why it was proposed, its replay with the

@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use adaptalloc::device::{CostCurve, CostModel, SimDevice};
 use adaptalloc::policy::Policy;
+use adaptalloc::report::TuningReport;
 use adaptalloc::size::{ByteSize, GIB, MIB};
 use adaptalloc::strategy::SlabBacking;
-use adaptalloc_cli::advice::run_with_advice;
+use adaptalloc_cli::advice::{check_advice, run_with_advice};
 use adaptalloc_cli::synth::WorkloadSpec;
+use adaptalloc_cli::trace::{PassTimes, ReplayMetrics};
 
 /// The bundled training workload at 1.5x its peak: page handles cost 193 us each under the
 /// default model, and handles shaped to blocks (a create per block) are kept. Under vmm-fast
@@ -65,17 +67,11 @@ fn the_backing_advice_follows_the_prices() {
 }
 
 /// A real tuning report of the bundled training workload at 1.5x its peak (its recommendation
-/// differs from the default policy), the run it came from, and fixed figures standing in for
-/// replays: `figures(total_ms, warmup_ms, steady_us)`.
-fn advice_case() -> (
-    adaptalloc::report::TuningReport,
-    adaptalloc_cli::trace::ReplayMetrics,
-    u64,
-    impl Fn(u64, u64, u64) -> adaptalloc_cli::trace::ReplayMetrics,
-) {
+/// differs from the default policy), the run it came from, and the device's capacity.
+fn advice_case() -> (TuningReport, ReplayMetrics, u64) {
     use adaptalloc::Allocator;
     use adaptalloc::device::Device;
-    use adaptalloc_cli::trace::{PassTimes, ReplayMetrics, replay};
+    use adaptalloc_cli::trace::replay;
 
     let spec = WorkloadSpec::bundled("training").unwrap();
     let t = spec.generate(spec.seed);
@@ -89,7 +85,13 @@ fn advice_case() -> (
         Policy::default().suballoc,
         "a change to judge"
     );
-    let figures = |total_ms: u64, warmup_ms: u64, steady_us: u64| ReplayMetrics {
+    (report, ran, capacity)
+}
+
+/// Fixed figures standing in for a replay: `total_ms` in all (and on the first pass), a warm-up
+/// of `warmup_ms` and `steady_us` a pass after.
+fn figures(total_ms: u64, warmup_ms: u64, steady_us: u64) -> ReplayMetrics {
+    ReplayMetrics {
         modeled_driver_ns: total_ms * 1_000_000,
         passes: PassTimes {
             first_pass_ns: total_ms * 1_000_000,
@@ -97,8 +99,24 @@ fn advice_case() -> (
             steady_pass_ns: steady_us * 1_000,
         },
         ..ReplayMetrics::default()
-    };
-    (report, ran, capacity, figures)
+    }
+}
+
+/// `report`'s advice judged by `check_advice` with the default policy's replays standing as
+/// `used` and every other policy's as `advised`: the report after, and whether advice was kept.
+fn judged(
+    report: &TuningReport,
+    ran: &ReplayMetrics,
+    capacity: u64,
+    used: ReplayMetrics,
+    advised: ReplayMetrics,
+) -> (TuningReport, bool) {
+    let policy = Policy::default();
+    let mut r = report.clone();
+    let kept = check_advice(&mut r, &policy, ran, 0, capacity, Default::default(), |p, _| {
+        if *p == policy { used } else { advised }
+    });
+    (r, kept.is_some())
 }
 
 /// Advice that saves the first passes but costs every later one is dropped: a training loop
@@ -106,25 +124,20 @@ fn advice_case() -> (
 /// is kept. (Replays stood in for by fixed figures; the report is a real one.)
 #[test]
 fn advice_that_costs_every_later_pass_is_dropped() {
-    use adaptalloc_cli::advice::check_advice;
-    use adaptalloc_cli::trace::ReplayMetrics;
-
-    let (report, ran, capacity, figures) = advice_case();
-    let used = Policy::default();
+    let (report, ran, capacity) = advice_case();
     let ran = ReplayMetrics {
         modeled_driver_ns: 700_000_000,
         ..ran
     };
     for (advised_steady_us, kept) in [(1_000, false), (20, true)] {
-        let mut r = report.clone();
-        let got = check_advice(&mut r, &used, &ran, 0, capacity, Default::default(), |p, _| {
-            if *p == used {
-                figures(700, 700, 20)
-            } else {
-                figures(260, 260, advised_steady_us)
-            }
-        });
-        assert_eq!(got.is_some(), kept, "{:?}", r.recommendations);
+        let (r, got) = judged(
+            &report,
+            &ran,
+            capacity,
+            figures(700, 700, 20),
+            figures(260, 260, advised_steady_us),
+        );
+        assert_eq!(got, kept, "{:?}", r.recommendations);
         assert_eq!(r.recommends_change, kept);
         if !kept {
             assert!(
@@ -141,20 +154,11 @@ fn advice_that_costs_every_later_pass_is_dropped() {
 /// against 1,600 ms in all), and dropped where they do not (1,680 against 1,600).
 #[test]
 fn advice_whose_dearer_warm_up_the_later_passes_repay_is_kept() {
-    use adaptalloc_cli::advice::check_advice;
-
-    let (report, ran, capacity, figures) = advice_case();
-    let used = Policy::default();
+    let (report, ran, capacity) = advice_case();
     for (advised_warmup_ms, kept) in [(1_000, true), (1_500, false)] {
-        let mut r = report.clone();
-        let got = check_advice(&mut r, &used, &ran, 0, capacity, Default::default(), |p, _| {
-            if *p == used {
-                figures(700, 700, 100_000)
-            } else {
-                figures(advised_warmup_ms, advised_warmup_ms, 20_000)
-            }
-        });
-        assert_eq!(got.is_some(), kept, "{:?}", r.recommendations);
+        let advised = figures(advised_warmup_ms, advised_warmup_ms, 20_000);
+        let (r, got) = judged(&report, &ran, capacity, figures(700, 700, 100_000), advised);
+        assert_eq!(got, kept, "{:?}", r.recommendations);
         assert_eq!(r.recommends_change, kept);
         let said = r.recommendations.last().unwrap();
         let total = if kept { "1180.0 ms in all" } else { "1680.0 ms in all" };

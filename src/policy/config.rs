@@ -202,7 +202,8 @@ pub struct BoundsPolicy {
     /// gets an exact-size cached block instead (see `suballoc.strand_guard`). 0: never hold more
     /// than passthrough would; larger values let slabs pack more freely. Once the workload's
     /// footprint has come back to its peak (its cycle repeats) with a quarter of the peak free
-    /// at it, and slabs are backed in pages, all of that memory (unless this is 0).
+    /// at it, all of that memory (unless this is 0, or slabs are backed `auto`, whose handles
+    /// this budget sizes).
     pub strand_share: f64,
     /// Until the workload has shown a cycle (live memory fell under half its peak), its peak
     /// is taken to be this multiple of the peak so far when estimating the memory free at the

@@ -36,9 +36,10 @@ pub const STRAND_CLEAR_DIVISOR: u64 = 4;
 /// The workload's peak is known, with room (`assess::peak_known`), once its footprint has come
 /// back to the peak (its cycle repeats, `recurrence.rs`) and the memory expected free at the
 /// peak is at least the peak divided by this (a quarter): the device is then not tight, and
-/// the strand guard may strand all of that memory. Without exact-size blocks for small requests the robustness grid's churns failed up to
-/// 1.15x passthrough's minimum (memory free at the peak under 15% of it) and at none of its
-/// capacities from 1.2x; a quarter keeps a margin over both.
+/// the strand guard may strand all of that memory. Without exact-size blocks for small
+/// requests the robustness grid's churns failed up to 1.15x passthrough's minimum (memory free
+/// at the peak under 15% of it) and at none of its capacities from 1.2x; a quarter keeps a
+/// margin over both.
 ///
 /// The peak must have come back exactly: trusted sooner, the random churns of
 /// `robustness_sweep`, whose running peak keeps rising, failed more (at the minimum /
