@@ -346,6 +346,36 @@ impl TuningReport {
                 ));
             }
         }
+        // What slabs may strand: the guard's share guards a peak not yet seen, and this run saw
+        // its peak with room (memory never ran short, peak reserved within nine tenths of the
+        // device). Where the share cost driver calls (refusals, each an exact-size block) or
+        // decides whether idle handles are pinned or made again (`blocks`, advised above), let
+        // slabs strand twice the share.
+        let share = p.bounds.strand_share;
+        if !tight
+            && fixed.is_none()
+            && (self.strand_refusals > 0 || p.suballoc.backing == SlabBacking::Blocks)
+            && self.memory.peak_reserved_bytes <= self.device_total_bytes / 10 * 9
+            && share > 0.0
+            && share < 1.0
+        {
+            p.bounds.strand_share = (share * 2.0).min(1.0);
+            let cost = if self.strand_refusals > 0 {
+                format!(
+                    "the strand guard gave {} requests exact-size blocks (a driver call each)",
+                    self.strand_refusals
+                )
+            } else {
+                "under handles shaped to blocks the share decides whether an idle handle is pinned or made again".into()
+            };
+            why.push(format!(
+                "memory never ran short (peak reserved {} of {}) and {cost}: let slabs strand twice the share of the \
+                 memory expected free at the peak (bounds.strand_share = {}, was {share})",
+                ByteSize(self.memory.peak_reserved_bytes),
+                ByteSize(self.device_total_bytes),
+                p.bounds.strand_share
+            ));
+        }
         if fixed.is_none() && self.route_changes.len() as u64 > 4 * self.classes.len().max(1) as u64 {
             p.routing.hysteresis = p.routing.hysteresis.saturating_mul(2).max(2);
             why.push(format!(

@@ -109,7 +109,12 @@ fn bad_strand_settings_are_named() {
 /// `bounds.peak_growth` times the one seen, gives the late small requests exact-size blocks (a
 /// driver call each) for a peak that never comes. Returns the tuning report and driver calls.
 fn grows_to_two_fifths(policy: Policy) -> (adaptalloc::report::TuningReport, u64) {
-    let dev = Arc::new(SimDevice::new(1 << 30));
+    grows_to(policy, 1 << 30)
+}
+
+/// [`grows_to_two_fifths`] on a device of `capacity` bytes.
+fn grows_to(policy: Policy, capacity: u64) -> (adaptalloc::report::TuningReport, u64) {
+    let dev = Arc::new(SimDevice::new(capacity));
     let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
     let mut held: Vec<DevicePtr> = (0..8).map(|_| alloc.allocate_raw(50 * MIB, 0).unwrap()).collect();
     held.extend((0..100).map(|_| alloc.allocate_raw(4 * KIB, 0).unwrap()));
@@ -141,4 +146,47 @@ fn the_report_shows_the_guard_and_recommends_trusting_the_peak_on_a_roomy_device
         "strand guard on a roomy device: {} exact-size blocks, {calls} driver calls; with the recommended policy {fewer}",
         report.strand_refusals
     ));
+}
+
+/// The strand guard's share guards a peak not yet seen. A run that saw its peak with room (memory
+/// never ran short) while the guard refused placements is advised to let slabs strand twice the
+/// share; one that ran short, or filled the device to its last tenth, is not.
+#[test]
+fn the_report_doubles_the_strand_share_only_where_memory_never_ran_short() {
+    let share = Policy::default().bounds.strand_share;
+    let (roomy, _) = grows_to(Policy::default(), 1 << 30);
+    assert!(roomy.strand_refusals > 0);
+    assert_eq!(
+        roomy.recommended_policy.bounds.strand_share,
+        2.0 * share,
+        "{:?}",
+        roomy.recommendations
+    );
+    assert!(
+        roomy
+            .recommendations
+            .iter()
+            .any(|r| r.contains("let slabs strand twice the share")),
+        "{:?}",
+        roomy.recommendations
+    );
+    // 401 MiB of blocks on a 420 MiB device: under the low watermark at the end.
+    let (short, _) = grows_to(Policy::default(), 420 * MIB);
+    assert!(short.strand_refusals > 0 && short.pressure_events > 0, "{short}");
+    assert_eq!(
+        short.recommended_policy.bounds.strand_share, share,
+        "{:?}",
+        short.recommendations
+    );
+    // On 440 MiB, never short, but in the device's last tenth.
+    let (full, _) = grows_to(Policy::default(), 440 * MIB);
+    assert!(
+        full.strand_refusals > 0 && full.pressure_events == 0 && full.oom_recoveries == 0,
+        "{full}"
+    );
+    assert_eq!(
+        full.recommended_policy.bounds.strand_share, share,
+        "{:?}",
+        full.recommendations
+    );
 }

@@ -371,6 +371,18 @@ fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
 /// report's advice, replayed over ten passes (`tuning/reports/peers.md`), it now holds on 11 and
 /// 16 of the 17 workloads at 1.5x and 2x peak live (9 and 14), for 3314 and 1984 ms in all
 /// (5482 and 4015).
+///
+/// The default share is a quarter. Until the peak is known, the memory expected free at it is
+/// a guess (`bounds.peak_growth` times the peak so far), and what live blocks strand cannot be
+/// given back when the guess proves short; half of it, the share before, failed 9 / 4 / 11
+/// runs of the robustness grid (exact minimum / 1.01-1.02x / from 1.03x) and 57 / 65 / 94 of
+/// `examples/robustness_sweep`'s 3,000 random churns, which the grid does not hold; a quarter
+/// 7 / 3 / 4 and 41 / 43 / 39, the sweep's windows the same. Measured at 0.4, 0.3, 0.25, 0.2 and
+/// 0.1: 9 / 5 / 12, 8 / 5 / 9, 7 / 3 / 4, 8 / 4 / 2 and 7 / 2 / 1 on the grid; below a
+/// quarter, warm-ups at 2x peak live grow (summed over `steady_eval`'s 17 workloads, 6531 ms
+/// at a quarter and above, 7111 at 0.2, 8045 at 0.1). A quarter's cost: more exact-size
+/// blocks while the peak is unknown (`small-churn`'s warm-up at 1.5x peak live 1107 -> 1514
+/// ms) and `cpu-mobilenetv2-train` at 1.1x passthrough's minimum 0.06 -> 1.22 ms a pass.
 fn strand_budget(lim: &Limits, spare: u64, known: bool) -> Option<u64> {
     let share = (spare as f64 * lim.strand_share) as u64;
     let all = known && share > 0 && lim.backing != SlabBacking::Auto;

@@ -200,10 +200,11 @@ pub struct BoundsPolicy {
     /// strand: hold beyond what the driver would consume for them, where no release reaches
     /// (a small block alone in a 2 MiB page). Over it, a slab placement that would strand more
     /// gets an exact-size cached block instead (see `suballoc.strand_guard`). 0: never hold more
-    /// than passthrough would; larger values let slabs pack more freely. Once the workload's
-    /// footprint has come back to its peak (its cycle repeats) with a quarter of the peak free
-    /// at it, all of that memory (unless this is 0, or slabs are backed `auto`, whose handles
-    /// this budget sizes).
+    /// than passthrough would; larger values let slabs pack more freely. Default a quarter (half
+    /// failed more runs near the capacity; `assess::strand_budget` has the measurements). Once
+    /// the workload's footprint has come back to its peak (its cycle repeats) with a quarter of
+    /// the peak free at it, all of that memory (unless this is 0, or slabs are backed `auto`,
+    /// whose handles this budget sizes).
     pub strand_share: f64,
     /// Until the workload has shown a cycle (live memory fell under half its peak), its peak
     /// is taken to be this multiple of the peak so far when estimating the memory free at the
@@ -230,7 +231,7 @@ impl Default for BoundsPolicy {
             tight_below: SizeOrFraction::Fraction(0.35),
             idle_age_ops: 200_000,
             mem_info_interval_ops: 1024,
-            strand_share: 0.5,
+            strand_share: 0.25,
             peak_growth: 3.0,
             spare_share: 0.5,
         }
