@@ -1,0 +1,225 @@
+//! The tuning report's advice: the policy it recommends after a run, each change with why, and
+//! the alternatives a replay should weigh beside it (`adaptalloc replay` keeps whichever holds
+//! best over ten passes).
+
+use crate::policy::{Policy, Segregate};
+use crate::size::ByteSize;
+use crate::strategy::{SlabBacking, StrategyKind};
+
+use super::TuningReport;
+
+impl TuningReport {
+    /// Derives the recommended policy from what happened. Each change says why.
+    pub(super) fn recommend(&mut self) {
+        let (tight, short, description) = (self.ran_short(), self.ran_short_text(), self.recommended_description());
+        let p = &mut self.recommended_policy;
+        let mut why = Vec::new();
+        // Only keys that take effect under the policy's mode: slab settings where slabs are
+        // used, idle bounds where memory is kept, routing where routes are chosen.
+        let fixed = p.routing.mode.fixed();
+        let slabs = uses_slabs(p);
+        let keeps_idle = fixed != Some(crate::strategy::StrategyKind::Passthrough);
+        if tight && slabs {
+            if p.suballoc.segregate != Segregate::Always {
+                p.suballoc.segregate = Segregate::Always;
+                why.push(format!(
+                    "{short}: segregate slabs by size so freed holes fit the next request of their class"
+                ));
+            }
+            if p.suballoc.loose_growth > p.suballoc.growth {
+                p.suballoc.loose_growth = p.suballoc.growth;
+                why.push("memory ran short: grow slabs slowly even while there is room".into());
+            }
+        } else if !tight
+            && keeps_idle
+            && self.driver.calls_ratio > 0.10
+            && self.bytes_released_by_bounds > 0
+            && let Some(share) = larger_spare_share(p.bounds.spare_share)
+        {
+            // Idle memory was given back and then asked for again: keep more of it.
+            let used = p.bounds.spare_share;
+            p.bounds.spare_share = share;
+            p.bounds.idle_age_ops = p.bounds.idle_age_ops.saturating_mul(4).max(100_000);
+            why.push(format!(
+                "{:.0}% of passthrough's driver calls while {} of idle memory was released by bounds: keep more of it idle (bounds.spare_share = {share}, was {used}: half of what was left to other processes beyond the peak) and age it out 4x later",
+                self.driver.calls_ratio * 100.0,
+                ByteSize(self.bytes_released_by_bounds),
+            ));
+        }
+        // The guard paid a driver call per refusal for a peak that never came: the workload
+        // used at most half the device. Forecast its peak as the peak it has shown.
+        let roomy = self.memory.peak_reserved_bytes.saturating_mul(2) <= self.device_total_bytes;
+        if !tight && roomy && fixed.is_none() && self.strand_refusals > 0 && p.bounds.peak_growth > 1.0 {
+            p.bounds.peak_growth = 1.0;
+            why.push(format!(
+                "the strand guard gave {} requests exact-size blocks (a driver call each) while peak reserved stayed at {} of {}: take the peak so far as the peak (bounds.peak_growth = 1)",
+                self.strand_refusals,
+                ByteSize(self.memory.peak_reserved_bytes),
+                ByteSize(self.device_total_bytes)
+            ));
+        }
+        // Slabs mapped in physical handles on a device the run never came close to filling: each
+        // handle cost the driver a create and a map where one allocation backs a whole slab, and
+        // the fine-grained release handles buy was not needed.
+        let page_creates = self
+            .driver
+            .by_kind
+            .iter()
+            .find(|k| k.kind == "create")
+            .map_or(0, |k| k.calls);
+        if !tight && slabs && page_creates > 0 && matches!(p.suballoc.backing, SlabBacking::Pages | SlabBacking::Auto) {
+            let (peak, total) = (
+                ByteSize(self.memory.peak_reserved_bytes),
+                ByteSize(self.device_total_bytes),
+            );
+            let margin = self.device_total_bytes / 10 * 9;
+            if roomy {
+                p.suballoc.backing = SlabBacking::Whole;
+                why.push(format!(
+                    "{page_creates} physical handles were created for slabs while peak reserved stayed at {peak} of \
+                     {total}: back slabs whole (suballoc.backing = \"whole\"), one driver allocation per slab"
+                ));
+            } else if p.suballoc.backing == SlabBacking::Pages && self.memory.peak_reserved_bytes <= margin {
+                // Memory never ran short, but the run came near enough to filling the device
+                // that a whole slab could strand a request: handles shaped to blocks, a create
+                // per block instead of per page, each given back whole. Not within a tenth of
+                // the device's capacity: there a handle held by one block can strand the next
+                // request where pages would not (robustness grid: most of blocks' failing runs
+                // are at passthrough's exact minimum to 1.02x it).
+                p.suballoc.backing = SlabBacking::Blocks;
+                why.push(format!(
+                    "{page_creates} physical handles of a page each were created for slabs, and memory never ran short \
+                     (peak reserved {peak} of {total}): shape handles to blocks (suballoc.backing = \"blocks\"), one \
+                     handle for each block's whole pages (a run that fills the device to its last tenth may fail \
+                     with them where pages would not)"
+                ));
+            }
+        }
+        // What slabs may strand: the guard's share guards a peak not yet seen, and this run saw
+        // its peak with room (memory never ran short, peak reserved within nine tenths of the
+        // device). Where the share cost driver calls (refusals, each an exact-size block) or
+        // decides whether idle handles are pinned or made again (`blocks`, advised above), let
+        // slabs strand twice the share.
+        let share = p.bounds.strand_share;
+        if !tight
+            && fixed.is_none()
+            && (self.strand_refusals > 0 || p.suballoc.backing == SlabBacking::Blocks)
+            && self.memory.peak_reserved_bytes <= self.device_total_bytes / 10 * 9
+            && share > 0.0
+            && share < 1.0
+        {
+            p.bounds.strand_share = (share * 2.0).min(1.0);
+            let cost = if self.strand_refusals > 0 {
+                format!(
+                    "the strand guard gave {} requests exact-size blocks (a driver call each)",
+                    self.strand_refusals
+                )
+            } else {
+                "under handles shaped to blocks the share decides whether an idle handle is pinned or made again".into()
+            };
+            why.push(format!(
+                "memory never ran short (peak reserved {} of {}) and {cost}: let slabs strand twice the share of the \
+                 memory expected free at the peak (bounds.strand_share = {}, was {share})",
+                ByteSize(self.memory.peak_reserved_bytes),
+                ByteSize(self.device_total_bytes),
+                p.bounds.strand_share
+            ));
+        }
+        if fixed.is_none() && self.route_changes.len() as u64 > 4 * self.classes.len().max(1) as u64 {
+            p.routing.hysteresis = p.routing.hysteresis.saturating_mul(2).max(2);
+            why.push(format!(
+                "{} route changes over {} classes: double the hysteresis to stop routes flapping",
+                self.route_changes.len(),
+                self.classes.len()
+            ));
+        }
+        if self.memory.reserved_over_live > 1.5 && !tight && slabs {
+            p.suballoc.loose_growth = (p.suballoc.loose_growth / 2.0).max(0.125);
+            p.suballoc.growth = p.suballoc.growth.min(p.suballoc.loose_growth);
+            why.push(format!(
+                "peak reserved is {:.2}x peak live: halve slab growth to {} for less waste",
+                self.memory.reserved_over_live, p.suballoc.loose_growth
+            ));
+        }
+        self.recommends_change = !why.is_empty();
+        if why.is_empty() {
+            why.push("the policy used fits this workload: no change".into());
+        }
+        p.description = description;
+        self.recommendations = why;
+    }
+
+    /// Other changes worth replaying beside the recommended policy, each with why: a remedy
+    /// whose effect depends on the workload more than the report can tell, for a replay to
+    /// judge (`adaptalloc replay` keeps whichever candidate its replay shows best). Where memory
+    /// ran short with slabs in use: slabs grown by all that is held (`suballoc.growth` and
+    /// `loose_growth` 1), fewer and larger slabs, so that free memory is split across fewer slab
+    /// boundaries and idle pages move between slabs less. Segregated slabs (the recommendation)
+    /// suit a workload whose freed holes the next request of their class fits; larger slabs one
+    /// whose pages moved between slabs every step: at 1.1x passthrough's minimum, replay over ten
+    /// passes favoured larger slabs on `phase-change` (7.1 -> 0.03 ms a pass),
+    /// `cpu-resnet18-train` (4.7 -> 0.03) and `gpu-medium-ctx256-infer` (65 -> 19), and
+    /// segregated ones on `gpu-medium-ctx1024-infer` (222 -> 32).
+    pub fn alternatives(&self, used: &Policy) -> Vec<(Policy, String)> {
+        let mut out = Vec::new();
+        if self.ran_short() && uses_slabs(used) && (used.suballoc.growth < 1.0 || used.suballoc.loose_growth < 1.0) {
+            let mut p = used.clone();
+            p.suballoc.growth = p.suballoc.growth.max(1.0);
+            p.suballoc.loose_growth = p.suballoc.loose_growth.max(1.0);
+            p.description = self.recommended_description();
+            out.push((
+                p,
+                format!(
+                    "{}: grow slabs by all they hold (suballoc.growth = 1), fewer and larger slabs, so that free \
+                     memory is split across fewer slab boundaries",
+                    self.ran_short_text()
+                ),
+            ));
+        }
+        out
+    }
+
+    /// Memory ran short in the run: a request failed, an out-of-memory was recovered, or free
+    /// memory fell under the low watermark.
+    fn ran_short(&self) -> bool {
+        self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0
+    }
+
+    /// "memory ran short (...)" with the run's counts, as the reasons that follow from it begin.
+    fn ran_short_text(&self) -> String {
+        format!(
+            "memory ran short ({} failed, {} recovered out-of-memory, {} pressure events)",
+            self.failed_allocs, self.oom_recoveries, self.pressure_events
+        )
+    }
+
+    /// The description a policy recommended from this run carries.
+    fn recommended_description(&self) -> String {
+        format!("recommended by adaptalloc for this workload; based on: {}", self.policy)
+    }
+}
+
+/// Whether `policy`'s slab settings take effect: slabs serve some requests under its mode.
+fn uses_slabs(policy: &Policy) -> bool {
+    policy.routing.mode.fixed().is_none_or(|k| k == StrategyKind::Suballoc)
+}
+
+/// A `bounds.spare_share` that keeps more idle memory than `used`: half of what `used` left to
+/// other processes beyond the workload's peak, rounded to hundredths; None when nothing is left.
+fn larger_spare_share(used: f64) -> Option<f64> {
+    (used < 1.0).then(|| ((used + 1.0) * 50.0).round() / 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::larger_spare_share;
+
+    #[test]
+    fn a_larger_spare_share_halves_what_was_left_to_others() {
+        assert_eq!(larger_spare_share(0.0), Some(0.5));
+        assert_eq!(larger_spare_share(0.5), Some(0.75));
+        assert_eq!(larger_spare_share(0.75), Some(0.88));
+        assert_eq!(larger_spare_share(0.99), Some(1.0));
+        assert_eq!(larger_spare_share(1.0), None, "nothing left to give");
+    }
+}
