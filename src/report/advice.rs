@@ -18,7 +18,7 @@ impl TuningReport {
         // used, idle bounds where memory is kept, routing where routes are chosen.
         let fixed = p.routing.mode.fixed();
         let slabs = uses_slabs(p);
-        let keeps_idle = fixed != Some(crate::strategy::StrategyKind::Passthrough);
+        let keeps_idle = fixed != Some(StrategyKind::Passthrough);
         if tight && slabs {
             if p.suballoc.segregate != Segregate::Always {
                 p.suballoc.segregate = Segregate::Always;
@@ -49,6 +49,8 @@ impl TuningReport {
         // The guard paid a driver call per refusal for a peak that never came: the workload
         // used at most half the device. Forecast its peak as the peak it has shown.
         let roomy = self.memory.peak_reserved_bytes.saturating_mul(2) <= self.device_total_bytes;
+        // The run's peak stayed out of the device's last tenth.
+        let within_margin = self.memory.peak_reserved_bytes <= self.device_total_bytes / 10 * 9;
         if !tight && roomy && fixed.is_none() && self.strand_refusals > 0 && p.bounds.peak_growth > 1.0 {
             p.bounds.peak_growth = 1.0;
             why.push(format!(
@@ -72,14 +74,13 @@ impl TuningReport {
                 ByteSize(self.memory.peak_reserved_bytes),
                 ByteSize(self.device_total_bytes),
             );
-            let margin = self.device_total_bytes / 10 * 9;
             if roomy {
                 p.suballoc.backing = SlabBacking::Whole;
                 why.push(format!(
                     "{page_creates} physical handles were created for slabs while peak reserved stayed at {peak} of \
                      {total}: back slabs whole (suballoc.backing = \"whole\"), one driver allocation per slab"
                 ));
-            } else if p.suballoc.backing == SlabBacking::Pages && self.memory.peak_reserved_bytes <= margin {
+            } else if p.suballoc.backing == SlabBacking::Pages && within_margin {
                 // Memory never ran short, but the run came near enough to filling the device
                 // that a whole slab could strand a request: handles shaped to blocks, a create
                 // per block instead of per page, each given back whole. Not within a tenth of
@@ -104,7 +105,7 @@ impl TuningReport {
         if !tight
             && fixed.is_none()
             && (self.strand_refusals > 0 || p.suballoc.backing == SlabBacking::Blocks)
-            && self.memory.peak_reserved_bytes <= self.device_total_bytes / 10 * 9
+            && within_margin
             && share > 0.0
             && share < 1.0
         {
