@@ -358,17 +358,8 @@ fn main() {
 /// replay as `adaptalloc replay --repeat 10` does (the default policy's time again where none
 /// was kept); and whether advice was kept.
 fn advised_ns(t: &Trace, capacity: u64, cost: &CostModel) -> (u64, u64, bool) {
-    use adaptalloc::device::SimDevice;
-    use adaptalloc::policy::Policy;
-    use adaptalloc_cli::trace::ReplayOptions;
-    use std::sync::Arc;
-    let options = ReplayOptions {
-        repeat: ADVICE_PASSES,
-        ..ReplayOptions::default()
-    };
-    let run = adaptalloc_cli::advice::run_with_advice(t, &Policy::default(), options, || {
-        Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost.clone()).build())
-    });
+    let policy = adaptalloc::policy::Policy::default();
+    let run = adaptalloc_cli::advice::run_with_advice_over_passes(t, &policy, capacity, cost);
     let plain = run.metrics.modeled_driver_ns;
     match run.advised {
         Some(m) => (plain, m.modeled_driver_ns, true),

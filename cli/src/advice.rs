@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use adaptalloc::Allocator;
-use adaptalloc::device::{Device, Granularity, SimDevice};
+use adaptalloc::device::{CostModel, Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
 use adaptalloc::report::TuningReport;
 use adaptalloc::size::ByteSize;
@@ -23,6 +23,9 @@ pub struct AdvisedRun {
     pub report: TuningReport,
     /// The replay of the recommended policy, where the report kept a recommendation.
     pub advised: Option<ReplayMetrics>,
+    /// Why the kept recommendation changes what it changes, each reason a line of the report's
+    /// (empty where none was kept).
+    pub changes: Vec<String>,
 }
 
 /// Replays `trace` under `policy` on a fresh device from `device` (its co-tenants' clock
@@ -45,7 +48,7 @@ pub fn run_with_advice(
     // Modelled times are only as good as their prices: the report names them.
     report.device = format!("{} priced by {:?}", report.device, dev.cost_model().description);
     let needed = passthrough_min_capacity(trace, Granularity::default());
-    let advised = check_advice(
+    let kept = check_advice(
         &mut report,
         policy,
         &metrics,
@@ -54,12 +57,36 @@ pub fn run_with_advice(
         options,
         |p, o| run(p, o).0,
     );
+    let (advised, changes) = kept.map_or((None, Vec::new()), |k| (Some(k.run), k.why));
     AdvisedRun {
         metrics,
         device: dev,
         report,
         advised,
+        changes,
     }
+}
+
+/// [`run_with_advice`] over [`ADVICE_PASSES`] passes on a simulated device of `capacity`
+/// bytes priced by `cost`, as `adaptalloc replay --repeat 10 --capacity C --cost-model F` runs
+/// it (the reports' examples judge the advice so).
+pub fn run_with_advice_over_passes(trace: &Trace, policy: &Policy, capacity: u64, cost: &CostModel) -> AdvisedRun {
+    let options = ReplayOptions {
+        repeat: ADVICE_PASSES,
+        ..ReplayOptions::default()
+    };
+    run_with_advice(trace, policy, options, || {
+        Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost.clone()).build())
+    })
+}
+
+/// The recommendation [`check_advice`] kept: its replay with the run's options, and why it was
+/// proposed.
+pub struct Kept {
+    /// The replay of the kept policy with the run's options.
+    pub run: ReplayMetrics,
+    /// Why it was proposed, a reason a line.
+    pub why: Vec<String>,
 }
 
 /// Passes over which [`check_advice`] compares the run's policy and the recommended one:
@@ -80,7 +107,7 @@ pub const ADVICE_PASSES: u32 = 10;
 /// within ten is (`gpu-medium-ctx1024-infer` at 1.1x passthrough's minimum: segregated slabs
 /// cost 575 ms more to warm up and 190 ms less a pass). Else the report recommends no change
 /// and says what the replay measured. Returns the replay of the recommendation with the run's
-/// `options` when it is kept.
+/// `options`, with why it was proposed, when it is kept.
 pub fn check_advice(
     report: &mut TuningReport,
     used: &Policy,
@@ -89,7 +116,7 @@ pub fn check_advice(
     capacity: u64,
     options: ReplayOptions,
     replay: impl Fn(&Policy, ReplayOptions) -> ReplayMetrics,
-) -> Option<ReplayMetrics> {
+) -> Option<Kept> {
     if needed > capacity {
         report.recommendations = vec![format!(
             "the workload's peak footprint ({}) does not fit this device ({}): no policy completes it \
@@ -127,7 +154,7 @@ pub fn check_advice(
         replay(p, o).passes
     };
     let was = passes(used, ran);
-    let tried: Vec<Tried> = candidates
+    let mut tried: Vec<Tried> = candidates
         .into_iter()
         .map(|(policy, why)| {
             let run = replay(&policy, options);
@@ -200,9 +227,12 @@ pub fn check_advice(
     ));
     report.recommendations = recommendations;
     report.recommends_change = true;
-    let kept = tried.into_iter().nth(best).expect("best is an index of tried");
+    let kept = tried.swap_remove(best);
     report.recommended_policy = kept.policy;
-    Some(kept.run)
+    Some(Kept {
+        run: kept.run,
+        why: kept.why,
+    })
 }
 
 /// Whether two policies set the same (their descriptions aside).

@@ -43,6 +43,13 @@ fn the_backing_advice_follows_the_prices() {
             dear.report.recommendations
         );
         let again = dear.advised.expect("kept");
+        // The kept advice's reasons, as the report lists them first.
+        assert!(
+            dear.changes.iter().any(|c| c.contains("suballoc.backing = \"blocks\"")),
+            "{:?}",
+            dear.changes
+        );
+        assert_eq!(dear.report.recommendations[..dear.changes.len()], dear.changes[..]);
         assert_eq!((dear.metrics.failed_allocs, again.failed_allocs), (0, 0));
         assert!(
             again.modeled_driver_ns * 2 < dear.metrics.modeled_driver_ns,
@@ -57,7 +64,11 @@ fn the_backing_advice_follows_the_prices() {
         points: vec![(ByteSize(2 * MIB), 7_600), (ByteSize(GIB), 7_600 * 512)],
     };
     let cheap = advise(linear);
-    assert!(cheap.advised.is_none(), "{:?}", cheap.report.recommendations);
+    assert!(
+        cheap.advised.is_none() && cheap.changes.is_empty(),
+        "{:?}",
+        cheap.report.recommendations
+    );
     assert_eq!(cheap.report.recommended_policy.suballoc.backing, SlabBacking::Pages);
     assert!(
         cheap.report.recommendations[0].starts_with("no change: replayed"),

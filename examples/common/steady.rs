@@ -80,31 +80,15 @@ fn cause(a: &StrategyResult, five: &StrategyResult, steady: bool) -> String {
 /// `adaptalloc replay --repeat 10` checks it: the change kept and its warm-up and steady pass
 /// over ten passes, or that none was kept.
 fn advice(t: &Trace, capacity: u64, model: &CostModel, policy: &Policy) -> String {
-    use adaptalloc::device::SimDevice;
-    use adaptalloc_cli::advice::{ADVICE_PASSES, run_with_advice};
-    use adaptalloc_cli::trace::ReplayOptions;
-    use std::sync::Arc;
-    let options = ReplayOptions {
-        repeat: ADVICE_PASSES,
-        ..ReplayOptions::default()
-    };
-    let run = run_with_advice(t, policy, options, || {
-        Arc::new(
-            SimDevice::builder()
-                .capacity(capacity)
-                .cost_model(model.clone())
-                .build(),
-        )
-    });
+    let run = adaptalloc_cli::advice::run_with_advice_over_passes(t, policy, capacity, model);
     let Some(kept) = run.advised else {
         return "the tuning report's advice: none held over ten passes".into();
     };
-    // Each reason's remedy: what follows its first ": " (the reasons say what happened, then
-    // what to change); the last line is the replay's figures.
-    let reasons = &run.report.recommendations;
-    let changes: Vec<&str> = reasons[..reasons.len() - 1]
+    // Each reason's remedy: what follows its first ": " (a reason says what happened, then
+    // what to change).
+    let changes: Vec<&str> = run
+        .changes
         .iter()
-        .filter(|r| !r.starts_with("also replayed"))
         .map(|r| r.split_once(": ").map_or(r.as_str(), |(_, change)| change))
         .collect();
     format!(
