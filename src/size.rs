@@ -127,12 +127,22 @@ impl fmt::Display for ByteSize {
     }
 }
 
+impl ByteSize {
+    /// The size with a unit where that names it exactly ("512MiB", "1.50GiB"); None where only
+    /// its bytes do (the display rounds to two decimals).
+    pub fn named_exactly(&self) -> Option<String> {
+        let named = self.to_string();
+        (self.0 > 0 && named.parse::<ByteSize>().is_ok_and(|b| b == *self)).then_some(named)
+    }
+}
+
 impl Serialize for ByteSize {
+    /// A string with a unit where that names the size exactly, else the bytes as an integer:
+    /// a policy written out reads back the same.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        if self.0 % KIB == 0 && self.0 > 0 {
-            s.serialize_str(&self.to_string())
-        } else {
-            s.serialize_u64(self.0)
+        match self.named_exactly() {
+            Some(named) => s.serialize_str(&named),
+            None => s.serialize_u64(self.0),
         }
     }
 }

@@ -77,6 +77,12 @@ fn broken_policy_files_name_file_line_and_key() {
             "min_slab <= max_slab",
         ),
         ("[routing\n", "p.toml:1", ""),
+        (
+            "[bounds]\nexpected_peak = 0\n",
+            "bounds.expected_peak",
+            "leave the key out",
+        ),
+        ("[bounds]\nexpected_peak = \"lots\"\n", "p.toml:2", "expected_peak"),
     ];
     for (text, where_, what) in cases {
         let err = Policy::from_toml_str(text, "p.toml").unwrap_err().to_string();
@@ -90,6 +96,14 @@ fn broken_policy_files_name_file_line_and_key() {
         "{err}"
     );
     big.check_fits("p.toml", 200 << 30).unwrap();
+    // So is a given peak the device cannot hold.
+    let peak = Policy::from_toml_str("[bounds]\nexpected_peak = \"20GiB\"\n", "p.toml").unwrap();
+    let err = peak.check_fits("p.toml", 16 << 30).unwrap_err().to_string();
+    assert!(
+        err.contains("bounds.expected_peak") && err.contains("20GiB") && err.contains("16GiB"),
+        "{err}"
+    );
+    peak.check_fits("p.toml", 20 << 30).unwrap();
     Policy::default().check_fits("default", 1 << 30).unwrap();
     let typo = Policy::load("trainig").unwrap_err().to_string();
     assert!(
@@ -135,4 +149,21 @@ fn environment_selects_policy_and_report() {
         std::env::remove_var("ADAPTALLOC_REPORT");
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A size that no unit names exactly (a peak the tuning report measured) is written as bytes,
+/// so a policy reads back the same; one a unit names is written with it.
+#[test]
+fn sizes_survive_a_round_trip_exactly() {
+    let mut p = Policy::default();
+    for bytes in [17 * GIB + 880_803_840, 17 * GIB + 1, 1536 << 20, 18 * GIB] {
+        p.bounds.expected_peak = Some(adaptalloc::size::ByteSize(bytes));
+        let text = p.to_toml();
+        assert_eq!(Policy::from_toml_str(&text, "round-trip").unwrap(), p, "{text}");
+    }
+    assert!(p.to_toml().contains("expected_peak = \"18GiB\""));
+    p.bounds.expected_peak = Some(adaptalloc::size::ByteSize(1536 << 20));
+    assert!(p.to_toml().contains("expected_peak = \"1.50GiB\""));
+    p.bounds.expected_peak = None;
+    assert!(!p.to_toml().contains("expected_peak"), "left out when unknown");
 }

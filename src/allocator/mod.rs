@@ -684,6 +684,7 @@ impl Shared {
             stats: &stats,
             operations: st.op,
             headroom: e.headroom_bytes(),
+            peak_footprint: e.footprint_peak(),
             pressure_events: e.journal.pressure_events,
             peak_stranded: e.journal.peak_stranded,
             released_by_bounds: e.journal.released_by_bounds

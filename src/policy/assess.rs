@@ -19,6 +19,8 @@ pub(crate) struct Limits {
     /// Operations before the first routing decision: no cycle is judged before it.
     pub interval_ops: u64,
     pub peak_growth: f64,
+    /// `bounds.expected_peak`: the workload's peak footprint as an earlier run showed it.
+    pub expected_peak: Option<u64>,
     pub strand_share: f64,
     pub spare_share: f64,
     /// Adaptive routing with the strand guard on.
@@ -43,6 +45,7 @@ impl Limits {
             tight_below: b.tight_below.resolve(total),
             interval_ops: policy.routing.interval_ops,
             peak_growth: b.peak_growth,
+            expected_peak: b.expected_peak.map(|p| p.0),
             strand_share: b.strand_share,
             spare_share: b.spare_share,
             guard: policy.routing.mode == RoutingMode::Adaptive && policy.suballoc.strand_guard,
@@ -145,14 +148,20 @@ pub(crate) struct Plan {
     pub growth: f64,
     /// The workload's peak is known, with room ([`peak_known`]).
     pub peak_known: bool,
+    /// The peak is the one the policy gives (`bounds.expected_peak`), the footprint within it.
+    pub peak_given: bool,
 }
 
 /// The plan for one sample. Pure: the same inputs always give the same plan.
 pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     let cycle_seen = cycle_seen(s, lim, prior.cycle_seen);
-    let spare = spare_at_peak(s, lim, cycle_seen);
+    let view = given_peak(s, lim);
+    let given = view.is_some();
+    let s = view.as_ref().unwrap_or(s);
+    let seen = cycle_seen || given;
+    let spare = spare_at_peak(s, lim, seen);
     let known = peak_known(s, lim, spare);
-    let strand_budget = strand_budget(lim, spare, known);
+    let strand_budget = strand_budget(lim, spare, known, given);
     let IdleBound {
         on_free: on_free_idle,
         target: mut idle_target,
@@ -182,7 +191,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     // summed over the 17 workloads 153 -> 21 ms, 35.8 -> 45.1 under vmm-fast.toml; robustness
     // grid 8 / 6 / 12 -> 9 / 5 / 13 failing runs; co-tenant tables unchanged).
     let pressure = s.free < lim.low_watermark;
-    let headroom = if cycle_seen {
+    let headroom = if seen {
         lim.headroom.min(left_of(spare, lim))
     } else {
         lim.headroom
@@ -206,7 +215,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         spare,
         strand_budget,
         on_free_idle,
-        cache_bound: s.footprint_peak + kept_of(spare_at_peak(s, lim, false), lim),
+        cache_bound: s.footprint_peak + kept_of(spare_at_peak(s, lim, given), lim),
         idle_target,
         reason,
         unmap_pages,
@@ -222,7 +231,26 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         },
         growth: if tight { lim.growth } else { lim.loose_growth },
         peak_known: known,
+        peak_given: given,
     }
+}
+
+/// The sample as the engine reads it where the policy gives the workload's peak
+/// (`bounds.expected_peak`) and the footprint has stayed within it: that peak, as if the cycle
+/// had come back to it. None where no peak is given, or the footprint passed it (the engine
+/// then learns the peak as without one). With the peak each workload showed given, the 17 of
+/// `steady_eval` cost 312 ms over ten passes at 2x peak live, summed, with slabs backed `auto`
+/// (776 at 1.5x), against 6532 (8103) learning the peak and 222 (286) for PyTorch's allocator;
+/// with pages, 6527 (6787: `small-churn`'s exact-size blocks while its peak was unknown, 1518
+/// ms, gone). Given 10% under the real peak, no run failed, and the first five passes cost
+/// 6443 ms summed at 1.5x with `auto`, against 8084 for the default.
+fn given_peak(s: &Sample, lim: &Limits) -> Option<Sample> {
+    let peak = lim.expected_peak.filter(|&p| s.footprint_peak <= p)?;
+    Some(Sample {
+        footprint_peak: peak,
+        peak_recurred: true,
+        ..*s
+    })
 }
 
 /// A cycle is seen once the footprint falls under half its peak after the first routing
@@ -359,8 +387,9 @@ fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
 
 /// The strand guard's budget (None with the guard off): `bounds.strand_share` of the memory
 /// expected free at the peak, and all of it once the peak is known (a share of 0 stays 0), but
-/// under `auto`: there the budget also sizes new slabs' handles, and all of it failed 2 more
-/// runs of the robustness grid from 1.03x. (Under `whole` the peak is never known.) Under
+/// under `auto` only where the policy gives the peak (`bounds.expected_peak`): there the budget
+/// also sizes new slabs' handles, and all of it on a learned peak failed 2 more runs of the
+/// robustness grid from 1.03x. (Under `whole` the peak is never known.) Under
 /// `large-handles` all of it took 1.5x and 2x peak live from 15.7 to 13.9 and 0.16 to 0.07 ms a
 /// pass, its grid the same (52 / 35 / 19). Under `blocks` it decides whether an idle
 /// handle a smaller block would cover in part is pinned whole or given back and made again in
@@ -383,9 +412,9 @@ fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
 /// at a quarter and above, 7111 at 0.2, 8045 at 0.1). A quarter's cost: more exact-size
 /// blocks while the peak is unknown (`small-churn`'s warm-up at 1.5x peak live 1107 -> 1514
 /// ms) and `cpu-mobilenetv2-train` at 1.1x passthrough's minimum 0.06 -> 1.22 ms a pass.
-fn strand_budget(lim: &Limits, spare: u64, known: bool) -> Option<u64> {
+fn strand_budget(lim: &Limits, spare: u64, known: bool, given: bool) -> Option<u64> {
     let share = (spare as f64 * lim.strand_share) as u64;
-    let all = known && share > 0 && lim.backing != SlabBacking::Auto;
+    let all = known && share > 0 && (given || lim.backing != SlabBacking::Auto);
     lim.guard.then_some(if all { share.max(spare) } else { share })
 }
 

@@ -10,6 +10,7 @@ fn limits() -> Limits {
         tight_below: 8 * GIB,
         interval_ops: 1000,
         peak_growth: 1.25,
+        expected_peak: None,
         strand_share: 0.1,
         spare_share: 0.5,
         guard: true,
@@ -348,4 +349,34 @@ fn keep_cache_only_with_room_and_too_little_to_release() {
     assert!(!keep_cache(4 * GIB, &l, false, GIB, GIB), "enough to release");
     assert!(!keep_cache(GIB, &l, false, MIB, GIB), "under the headroom");
     assert!(!keep_cache(4 * GIB, &l, true, MIB, GIB), "under pressure");
+}
+
+/// A peak the policy gives (`bounds.expected_peak`) is the peak from the first sample while the
+/// footprint stays within it: no growth margin, the peak counted as known (not tight, the whole
+/// spare as the strand budget, under `auto` too), the headroom no more than what the bounds
+/// leave others; once the footprint passes it, the plan is the one without it. The plan's
+/// `cycle_seen` stays what the workload showed, so the learning goes on underneath.
+#[test]
+fn a_given_peak_holds_until_the_footprint_passes_it() {
+    let (mut s, mut l) = (sample(), limits());
+    // Early in a run: 2 GiB so far, tight-looking free memory and some stranding.
+    (s.footprint, s.footprint_peak, s.footprint_low, s.reserved, s.idle) = (2 * GIB, 2 * GIB, 2 * GIB, 3 * GIB, 0);
+    (s.free, s.stranded, s.reserved_peak) = (7 * GIB, 2 * GIB, 3 * GIB);
+    l.backing = SlabBacking::Auto;
+    let learned = assess(&s, &l, Prior::default());
+    assert!(!learned.peak_known && learned.tight, "{learned:?}");
+    l.expected_peak = Some(8 * GIB);
+    let given = assess(&s, &l, Prior::default());
+    // Free at the given peak: 7 + 3 - 8 = 2 GiB, all of it the budget (a quarter of the
+    // peak's free memory is what `peak_known` asks: 2 GiB of 8).
+    assert_eq!(given.spare, 2 * GIB);
+    assert!(given.peak_known && !given.tight, "{given:?}");
+    assert_eq!(given.strand_budget, Some(2 * GIB));
+    assert_eq!(given.headroom, l.headroom.min(GIB), "half the spare is left to others");
+    assert!(!given.cycle_seen, "the workload has shown no cycle yet");
+    // Past the given peak the engine learns as without it.
+    (s.footprint, s.footprint_peak) = (9 * GIB, 9 * GIB);
+    let past = assess(&s, &l, Prior::default());
+    l.expected_peak = None;
+    assert_eq!(past, assess(&s, &l, Prior::default()));
 }

@@ -204,7 +204,7 @@ pub struct BoundsPolicy {
     /// failed more runs near the capacity; `assess::strand_budget` has the measurements). Once
     /// the workload's footprint has come back to its peak (its cycle repeats) with a quarter of
     /// the peak free at it, all of that memory (unless this is 0, or slabs are backed `auto`,
-    /// whose handles this budget sizes).
+    /// whose handles this budget sizes, on a peak learned rather than given by `expected_peak`).
     pub strand_share: f64,
     /// Until the workload has shown a cycle (live memory fell under half its peak), its peak
     /// is taken to be this multiple of the peak so far when estimating the memory free at the
@@ -221,6 +221,15 @@ pub struct BoundsPolicy {
     /// free at the peak (see `peak_growth`); otherwise up to what the allocator held at its
     /// peak so far. 0: nothing idle beyond the workload's peak; 1: nothing left to others.
     pub spare_share: f64,
+    /// The workload's peak footprint (what plain cudaMalloc would hold at its highest), where an
+    /// earlier run showed it: the tuning report's advice writes it (`adaptalloc replay ...
+    /// --report`). While the footprint stays within it, the engine takes it as the peak from
+    /// the first request, as if the cycle had been seen and had come back to it: the strand
+    /// guard may strand all the memory free beyond it, and under `suballoc.backing = "auto"`
+    /// slabs get handles of that size from the start. Once the footprint passes it, the engine
+    /// learns the peak as without it. None (the default): the peak is learned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_peak: Option<ByteSize>,
 }
 
 impl Default for BoundsPolicy {
@@ -234,6 +243,7 @@ impl Default for BoundsPolicy {
             strand_share: 0.25,
             peak_growth: 3.0,
             spare_share: 0.5,
+            expected_peak: None,
         }
     }
 }
@@ -474,9 +484,22 @@ impl Policy {
     }
 
     /// Checks the bounds that depend on the device: the headroom and the low watermark must
-    /// leave something of a device of `total` bytes (`file` names the policy in the error).
+    /// leave something of a device of `total` bytes, and an expected peak must fit in it
+    /// (`file` names the policy in the error).
     pub fn check_fits(&self, file: &str, total: u64) -> Result<(), ConfigError> {
         let b = &self.bounds;
+        if let Some(peak) = b.expected_peak.filter(|p| p.0 > total) {
+            return Err(ConfigError::Invalid {
+                file: file.into(),
+                key: "bounds.expected_peak".into(),
+                value: peak.to_string(),
+                reason: format!(
+                    "is more than the {} device holds: the workload cannot run here, or the peak is another \
+                     workload's; set it from a run on this device (the tuning report's advice) or leave it out",
+                    ByteSize(total)
+                ),
+            });
+        }
         for (key, value) in [
             ("bounds.headroom", b.headroom),
             ("bounds.low_watermark", b.low_watermark),
@@ -550,7 +573,7 @@ impl Policy {
             b.strand_share,
             0.0,
             f64::MAX,
-            "a share of 0 or more (0.5 is the default; 0 never strands)",
+            "a share of 0 or more (0.25 is the default; 0 never strands)",
         )?;
         within(
             "bounds.peak_growth",
@@ -568,6 +591,13 @@ impl Policy {
         )?;
         if b.mem_info_interval_ops == 0 {
             return bad("bounds.mem_info_interval_ops", "0".into(), "at least 1 operation");
+        }
+        if b.expected_peak.is_some_and(|p| p.0 == 0) {
+            return bad(
+                "bounds.expected_peak",
+                "0".into(),
+                "a size over 0 (leave the key out where the peak is not known)",
+            );
         }
         Ok(())
     }

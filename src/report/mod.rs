@@ -98,6 +98,9 @@ pub struct MemorySummary {
     pub peak_idle_bytes: u64,
     /// The free memory the policy keeps for others, on this device.
     pub headroom_bytes: u64,
+    /// Passthrough's footprint of the live blocks at its highest: the workload's peak as plain
+    /// cudaMalloc would hold it, which `bounds.expected_peak` gives a later run.
+    pub peak_footprint_bytes: u64,
 }
 
 /// Hits and misses of one strategy.
@@ -177,6 +180,7 @@ pub(crate) struct ReportInput<'a> {
     pub stats: &'a Stats,
     pub operations: u64,
     pub headroom: u64,
+    pub peak_footprint: u64,
     pub pressure_events: u64,
     pub peak_stranded: u64,
     pub released_by_bounds: u64,
@@ -222,6 +226,7 @@ impl TuningReport {
                 / st.live_bytes.whole_run_peak().max(1) as f64,
             peak_idle_bytes: st.idle_bytes.whole_run_peak(),
             headroom_bytes: input.headroom,
+            peak_footprint_bytes: input.peak_footprint,
         };
         let hit_rates = st
             .per_strategy
@@ -373,6 +378,11 @@ impl fmt::Display for TuningReport {
             ByteSize(m.peak_live_bytes),
             ByteSize(m.peak_reserved_bytes),
             m.reserved_over_live
+        )?;
+        writeln!(
+            f,
+            "| peak footprint (what cudaMalloc would hold; bounds.expected_peak) | {} |",
+            ByteSize(m.peak_footprint_bytes)
         )?;
         writeln!(
             f,

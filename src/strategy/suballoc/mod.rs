@@ -48,6 +48,8 @@ pub enum SlabBacking {
     /// fewer slabs get one handle than at half (`steady_eval`'s 17 workloads at 1.5x peak live:
     /// 1040 against 81 ms a pass in steady state, 44 against 45 failing runs of the robustness
     /// grid at passthrough's exact minimum), so a policy choosing `auto` may set the share to 0.5.
+    /// Where the policy gives the workload's peak (`bounds.expected_peak`), the budget is all the
+    /// memory free beyond it from the first request.
     Auto,
     /// A physical handle per device page.
     #[default]
