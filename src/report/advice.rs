@@ -3,7 +3,7 @@
 //! best over ten passes).
 
 use crate::policy::{Policy, Segregate};
-use crate::size::ByteSize;
+use crate::size::{ByteSize, MIB};
 use crate::strategy::{SlabBacking, StrategyKind};
 
 use super::TuningReport;
@@ -12,6 +12,8 @@ impl TuningReport {
     /// Derives the recommended policy from what happened. Each change says why.
     pub(super) fn recommend(&mut self) {
         let (tight, short, description) = (self.ran_short(), self.ran_short_text(), self.recommended_description());
+        let within_margin = self.within_margin();
+        let page_creates = self.handle_creates();
         let p = &mut self.recommended_policy;
         let mut why = Vec::new();
         // Only keys that take effect under the policy's mode: slab settings where slabs are
@@ -49,8 +51,6 @@ impl TuningReport {
         // The guard paid a driver call per refusal for a peak that never came: the workload
         // used at most half the device. Forecast its peak as the peak it has shown.
         let roomy = self.memory.peak_reserved_bytes.saturating_mul(2) <= self.device_total_bytes;
-        // The run's peak stayed out of the device's last tenth.
-        let within_margin = self.memory.peak_reserved_bytes <= self.device_total_bytes / 10 * 9;
         if !tight && roomy && fixed.is_none() && self.strand_refusals > 0 && p.bounds.peak_growth > 1.0 {
             p.bounds.peak_growth = 1.0;
             why.push(format!(
@@ -63,12 +63,6 @@ impl TuningReport {
         // Slabs mapped in physical handles on a device the run never came close to filling: each
         // handle cost the driver a create and a map where one allocation backs a whole slab, and
         // the fine-grained release handles buy was not needed.
-        let page_creates = self
-            .driver
-            .by_kind
-            .iter()
-            .find(|k| k.kind == "create")
-            .map_or(0, |k| k.calls);
         if !tight && slabs && page_creates > 0 && matches!(p.suballoc.backing, SlabBacking::Pages | SlabBacking::Auto) {
             let (peak, total) = (
                 ByteSize(self.memory.peak_reserved_bytes),
@@ -161,8 +155,53 @@ impl TuningReport {
     /// passes favoured larger slabs on `phase-change` (7.1 -> 0.03 ms a pass),
     /// `cpu-resnet18-train` (4.7 -> 0.03) and `gpu-medium-ctx256-infer` (65 -> 19), and
     /// segregated ones on `gpu-medium-ctx1024-infer` (222 -> 32).
+    ///
+    /// Wherever the run completed under adaptive routing, the peak it showed, given from the first
+    /// request (`bounds.expected_peak`): a first run learns its peak as it goes, taking it as
+    /// `bounds.peak_growth` times the peak so far until a cycle comes back to it, and pays for
+    /// that margin in page handles and in the strand guard's exact-size blocks. Where memory
+    /// never ran short, the run's peak stayed out of the device's last tenth and slabs were in
+    /// page handles, slabs are also backed by handles as large as the memory free beyond the peak
+    /// covers (`suballoc.backing = "auto"`): `gpu-medium-ctx1024-train` at 2x peak live then
+    /// costs 32.8 ms over ten passes against 2250 (PyTorch's allocator 33.5). Near the capacity
+    /// such handles can strand a request, so there the backing stays; the given peak alone took
+    /// `small-churn` at 1.5x peak live from 1518 to 2.2 ms over ten passes.
     pub fn alternatives(&self, used: &Policy) -> Vec<(Policy, String)> {
         let mut out = Vec::new();
+        let creates = self.handle_creates();
+        if self.failed_allocs == 0
+            && used.routing.mode.fixed().is_none()
+            && used.bounds.expected_peak.is_none()
+            && self.memory.peak_footprint_bytes > 0
+        {
+            let mut p = used.clone();
+            // Rounded up to a MiB: a policy file names it exactly, and a little over the peak
+            // only leaves a little less free beyond it.
+            let peak = ByteSize(self.memory.peak_footprint_bytes.div_ceil(MIB) * MIB);
+            p.bounds.expected_peak = Some(peak);
+            p.description = self.recommended_description();
+            let given = format!(
+                "give the peak this run showed from the first request (bounds.expected_peak = {})",
+                toml_size(peak)
+            );
+            let why = if !self.ran_short()
+                && self.within_margin()
+                && matches!(used.suballoc.backing, SlabBacking::Pages | SlabBacking::Auto)
+                && creates > 0
+            {
+                p.suballoc.backing = SlabBacking::Auto;
+                format!(
+                    "memory never ran short (peak reserved {} of {}) and {creates} physical handles were created for \
+                     slabs: {given} and back slabs by handles the memory free beyond it covers (suballoc.backing = \
+                     \"auto\")",
+                    ByteSize(self.memory.peak_reserved_bytes),
+                    ByteSize(self.device_total_bytes),
+                )
+            } else {
+                format!("{given}, where a first run takes it as a margin over the peak so far until it comes back")
+            };
+            out.push((p, why));
+        }
         if self.ran_short() && uses_slabs(used) && (used.suballoc.growth < 1.0 || used.suballoc.loose_growth < 1.0) {
             let mut p = used.clone();
             p.suballoc.growth = p.suballoc.growth.max(1.0);
@@ -178,6 +217,21 @@ impl TuningReport {
             ));
         }
         out
+    }
+
+    /// Physical handles created (cuMemCreate calls): slabs backed in handles.
+    fn handle_creates(&self) -> u64 {
+        self.driver
+            .by_kind
+            .iter()
+            .find(|k| k.kind == "create")
+            .map_or(0, |k| k.calls)
+    }
+
+    /// The run's peak stayed out of the device's last tenth: peak reserved within nine tenths of
+    /// the device.
+    fn within_margin(&self) -> bool {
+        self.memory.peak_reserved_bytes <= self.device_total_bytes / 10 * 9
     }
 
     /// Memory ran short in the run: a request failed, an out-of-memory was recovered, or free
@@ -198,6 +252,12 @@ impl TuningReport {
     fn recommended_description(&self) -> String {
         format!("recommended by adaptalloc for this workload; based on: {}", self.policy)
     }
+}
+
+/// A size as a policy file holds it: `"512MiB"` where a unit names it exactly, else the bytes.
+fn toml_size(size: ByteSize) -> String {
+    size.named_exactly()
+        .map_or_else(|| size.0.to_string(), |named| format!("\"{named}\""))
 }
 
 /// Whether `policy`'s slab settings take effect: slabs serve some requests under its mode.
