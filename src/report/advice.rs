@@ -14,6 +14,7 @@ impl TuningReport {
         let (tight, short, description) = (self.ran_short(), self.ran_short_text(), self.recommended_description());
         let within_margin = self.within_margin();
         let page_creates = self.handle_creates();
+        let footprint = self.memory.peak_footprint_bytes;
         let p = &mut self.recommended_policy;
         let mut why = Vec::new();
         // Only keys that take effect under the policy's mode: slab settings where slabs are
@@ -74,13 +75,30 @@ impl TuningReport {
                     "{page_creates} physical handles were created for slabs while peak reserved stayed at {peak} of \
                      {total}: back slabs whole (suballoc.backing = \"whole\"), one driver allocation per slab"
                 ));
-            } else if p.suballoc.backing == SlabBacking::Pages && within_margin {
+            } else if p.suballoc.backing == SlabBacking::Pages && within_margin && fixed.is_none() && footprint > 0 {
                 // Memory never ran short, but the run came near enough to filling the device
-                // that a whole slab could strand a request: handles shaped to blocks, a create
-                // per block instead of per page, each given back whole. Not within a tenth of
-                // the device's capacity: there a handle held by one block can strand the next
-                // request where pages would not (robustness grid: most of blocks' failing runs
-                // are at passthrough's exact minimum to 1.02x it).
+                // that a whole slab could strand a request while the peak was unknown: the peak
+                // this run showed, given from the first request, and handles as large as the
+                // memory free beyond it covers. Replayed over ten passes at 1.5x and 2x peak
+                // live, that held best on 11 and 14 of the 17 workloads where handles shaped to
+                // blocks (the advice before, now replayed beside it) held best on 2 and 1. Not
+                // within a tenth of the device's capacity: there a handle larger than a page
+                // can strand the next request where pages would not.
+                let given = given_peak(footprint);
+                p.bounds.expected_peak = Some(given);
+                p.suballoc.backing = SlabBacking::Auto;
+                why.push(format!(
+                    "{page_creates} physical handles of a page each were created for slabs while the peak was \
+                     unknown, and memory never ran short (peak reserved {peak} of {total}): {} and back slabs by \
+                     handles the memory free beyond it covers (suballoc.backing = \"auto\"; a later run whose peak \
+                     passes it learns as without it)",
+                    give_text(given)
+                ));
+            } else if p.suballoc.backing == SlabBacking::Pages && within_margin {
+                // The same for a fixed suballocation policy, which has no engine to give a peak
+                // to: handles shaped to blocks, a create per block instead of per page, each
+                // given back whole (robustness grid: most of blocks' failing runs are at
+                // passthrough's exact minimum to 1.02x it).
                 p.suballoc.backing = SlabBacking::Blocks;
                 why.push(format!(
                     "{page_creates} physical handles of a page each were created for slabs, and memory never ran short \
@@ -93,8 +111,8 @@ impl TuningReport {
         // What slabs may strand: the guard's share guards a peak not yet seen, and this run saw
         // its peak with room (memory never ran short, peak reserved within nine tenths of the
         // device). Where the share cost driver calls (refusals, each an exact-size block) or
-        // decides whether idle handles are pinned or made again (`blocks`, advised above), let
-        // slabs strand twice the share.
+        // decides whether idle handles are pinned or made again (under `blocks`, where the
+        // policy used has it), let slabs strand twice the share.
         let share = p.bounds.strand_share;
         if !tight
             && fixed.is_none()
@@ -156,51 +174,70 @@ impl TuningReport {
     /// `cpu-resnet18-train` (4.7 -> 0.03) and `gpu-medium-ctx256-infer` (65 -> 19), and
     /// segregated ones on `gpu-medium-ctx1024-infer` (222 -> 32).
     ///
-    /// Wherever the run completed under adaptive routing, the peak it showed, given from the first
-    /// request (`bounds.expected_peak`): a first run learns its peak as it goes, taking it as
+    /// Wherever the run completed under adaptive routing and the recommendation does not give
+    /// the peak already, the peak the run showed, given from the first request
+    /// (`bounds.expected_peak`) with the backing as it was: a first run takes the peak as
     /// `bounds.peak_growth` times the peak so far until a cycle comes back to it, and pays for
-    /// that margin in page handles and in the strand guard's exact-size blocks. Where memory
-    /// never ran short, the run's peak stayed out of the device's last tenth and slabs were in
-    /// page handles, slabs are also backed by handles as large as the memory free beyond the peak
-    /// covers (`suballoc.backing = "auto"`): `gpu-medium-ctx1024-train` at 2x peak live then
-    /// costs 32.8 ms over ten passes against 2250 (PyTorch's allocator 33.5). Near the capacity
-    /// such handles can strand a request, so there the backing stays; the given peak alone took
-    /// `small-churn` at 1.5x peak live from 1518 to 2.2 ms over ten passes.
+    /// that margin in the strand guard's exact-size blocks (`small-churn` at 1.5x peak live:
+    /// 1518 -> 2.2 ms over ten passes). Where memory never ran short, peak reserved stayed within
+    /// nine tenths of the device and slabs were in page handles, also backed by handles the
+    /// memory free beyond the peak covers (`suballoc.backing = "auto"`): beside whole slabs, or
+    /// in place of the recommendation's own, handles shaped to blocks (with twice the strand
+    /// guard's share, the advice before), replayed beside it.
     pub fn alternatives(&self, used: &Policy) -> Vec<(Policy, String)> {
         let mut out = Vec::new();
         let creates = self.handle_creates();
+        let roomy = !self.ran_short()
+            && self.within_margin()
+            && matches!(used.suballoc.backing, SlabBacking::Pages | SlabBacking::Auto)
+            && creates > 0;
+        let gives = self.recommended_policy.bounds.expected_peak.is_some();
         if self.failed_allocs == 0
             && used.routing.mode.fixed().is_none()
             && used.bounds.expected_peak.is_none()
             && self.memory.peak_footprint_bytes > 0
+            && !gives
         {
             let mut p = used.clone();
-            // Rounded up to a MiB: a policy file names it exactly, and a little over the peak
-            // only leaves a little less free beyond it.
-            let peak = ByteSize(self.memory.peak_footprint_bytes.div_ceil(MIB) * MIB);
-            p.bounds.expected_peak = Some(peak);
+            let given = given_peak(self.memory.peak_footprint_bytes);
+            p.bounds.expected_peak = Some(given);
             p.description = self.recommended_description();
-            let given = format!(
-                "give the peak this run showed from the first request (bounds.expected_peak = {})",
-                toml_size(peak)
-            );
-            let why = if !self.ran_short()
-                && self.within_margin()
-                && matches!(used.suballoc.backing, SlabBacking::Pages | SlabBacking::Auto)
-                && creates > 0
-            {
+            let why = if roomy {
                 p.suballoc.backing = SlabBacking::Auto;
                 format!(
                     "memory never ran short (peak reserved {} of {}) and {creates} physical handles were created for \
-                     slabs: {given} and back slabs by handles the memory free beyond it covers (suballoc.backing = \
+                     slabs: {} and back slabs by handles the memory free beyond it covers (suballoc.backing = \
                      \"auto\")",
                     ByteSize(self.memory.peak_reserved_bytes),
                     ByteSize(self.device_total_bytes),
+                    give_text(given)
                 )
             } else {
-                format!("{given}, where a first run takes it as a margin over the peak so far until it comes back")
+                format!(
+                    "{}, where a first run takes it as a margin over the peak so far until it comes back",
+                    give_text(given)
+                )
             };
             out.push((p, why));
+        }
+        if gives && roomy {
+            let mut p = used.clone();
+            p.suballoc.backing = SlabBacking::Blocks;
+            let share = p.bounds.strand_share;
+            if share > 0.0 && share < 1.0 {
+                p.bounds.strand_share = (share * 2.0).min(1.0);
+            }
+            p.description = self.recommended_description();
+            out.push((
+                p,
+                format!(
+                    "memory never ran short (peak reserved {} of {}): shape handles to blocks (suballoc.backing = \
+                     \"blocks\"), one handle for each block's whole pages, and let slabs strand twice the share of \
+                     the memory expected free at the peak (bounds.strand_share)",
+                    ByteSize(self.memory.peak_reserved_bytes),
+                    ByteSize(self.device_total_bytes),
+                ),
+            ));
         }
         if self.ran_short() && uses_slabs(used) && (used.suballoc.growth < 1.0 || used.suballoc.loose_growth < 1.0) {
             let mut p = used.clone();
@@ -252,6 +289,20 @@ impl TuningReport {
     fn recommended_description(&self) -> String {
         format!("recommended by adaptalloc for this workload; based on: {}", self.policy)
     }
+}
+
+/// The peak a run showed, as the advice gives it: rounded up to a MiB (a policy file names it
+/// exactly, and a little over the peak only leaves a little less free beyond it).
+fn given_peak(footprint: u64) -> ByteSize {
+    ByteSize(footprint.div_ceil(MIB) * MIB)
+}
+
+/// "give the peak this run showed from the first request (bounds.expected_peak = ...)".
+fn give_text(peak: ByteSize) -> String {
+    format!(
+        "give the peak this run showed from the first request (bounds.expected_peak = {})",
+        toml_size(peak)
+    )
 }
 
 /// A size as a policy file holds it: `"512MiB"` where a unit names it exactly, else the bytes.
