@@ -324,7 +324,18 @@ fn larger_spare_share(used: f64) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
-    use super::larger_spare_share;
+    use super::{given_peak, larger_spare_share, toml_size};
+    use crate::size::{ByteSize, GIB, MIB};
+
+    #[test]
+    fn a_given_peak_rounds_up_to_a_mib_and_is_written_as_a_policy_file_reads_it() {
+        assert_eq!(given_peak(18 * GIB), ByteSize(18 * GIB));
+        assert_eq!(given_peak(18 * GIB + 1), ByteSize(18 * GIB + MIB));
+        assert_eq!(toml_size(ByteSize(18 * GIB)), "\"18GiB\"");
+        assert_eq!(toml_size(ByteSize(1536 * MIB)), "\"1.50GiB\"");
+        // 7000 MiB shows as "6.84GiB", which reads back as another size: the bytes instead.
+        assert_eq!(toml_size(ByteSize(7000 * MIB)), "7340032000");
+    }
 
     #[test]
     fn a_larger_spare_share_halves_what_was_left_to_others() {
