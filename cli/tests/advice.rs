@@ -42,7 +42,7 @@ fn the_backing_advice_follows_the_prices() {
             (kept.suballoc.backing, kept.bounds.expected_peak),
             (
                 SlabBacking::Auto,
-                Some(ByteSize(dear.report.memory.peak_footprint_bytes.div_ceil(MIB) * MIB))
+                Some(ByteSize(dear.report.memory.peak_footprint_bytes))
             ),
             "{name}: {:?}",
             dear.report.recommendations

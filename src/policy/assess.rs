@@ -142,8 +142,10 @@ pub(crate) struct Plan {
     /// than the share of the memory expected free at the peak that the bounds leave to others.
     pub headroom: u64,
     /// Free memory above `bounds.tight_below`: how large a slab may be and still be backed by
-    /// handles of tens of MiB under `suballoc.backing = "auto"`.
-    pub roomy_above: u64,
+    /// handles of tens of MiB under `suballoc.backing = "auto"`. None: no handle larger than a
+    /// page, where the policy gives a peak that leaves too little free beyond it
+    /// ([`large_handles`]).
+    pub roomy_above: Option<u64>,
     pub segregate: bool,
     pub growth: f64,
     /// The workload's peak is known, with room ([`peak_known`]).
@@ -223,7 +225,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         tight,
         slab_limit: s.free.saturating_sub(headroom).min(cap.saturating_sub(s.reserved)),
         headroom,
-        roomy_above: s.free.saturating_sub(lim.tight_below),
+        roomy_above: large_handles(lim, given, known).then(|| s.free.saturating_sub(lim.tight_below)),
         segregate: match lim.segregate {
             Segregate::Always => true,
             Segregate::Never => false,
@@ -240,7 +242,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
 /// had come back to it. None where no peak is given, or the footprint passed it (the engine
 /// then learns the peak as without one). With the peak each workload showed given, the 17 of
 /// `steady_eval` cost 312 ms over ten passes at 2x peak live, summed, with slabs backed `auto`
-/// (776 at 1.5x), against 6532 (8103) learning the peak and 222 (286) for PyTorch's allocator;
+/// (622 at 1.5x), against 6532 (8103) learning the peak and 222 (286) for PyTorch's allocator;
 /// with pages, 6527 (6787: `small-churn`'s exact-size blocks while its peak was unknown, 1518
 /// ms, gone). Given 10% under the real peak, no run failed, and the first five passes cost
 /// 6443 ms summed at 1.5x with `auto`, against 8084 for the default.
@@ -251,6 +253,16 @@ fn given_peak(s: &Sample, lim: &Limits) -> Option<Sample> {
         peak_recurred: true,
         ..*s
     })
+}
+
+/// Whether slabs may take handles larger than a page under `auto`: not where the policy gives a
+/// peak that leaves less than a quarter of it free beyond it (not [`peak_known`]). There the
+/// device is near full at the peak from the first request, and a large handle taken early can
+/// strand the request that fills it: with the peak each workload showed given, at passthrough's
+/// exact minimum and at 1.05x it, 3 and 2 of the 17 failed requests that pages complete
+/// (`training` 9 at the minimum) until the handles were pages there.
+fn large_handles(lim: &Limits, given: bool, known: bool) -> bool {
+    !given || known || lim.backing != SlabBacking::Auto
 }
 
 /// A cycle is seen once the footprint falls under half its peak after the first routing

@@ -3,7 +3,7 @@
 //! best over ten passes).
 
 use crate::policy::{Policy, Segregate};
-use crate::size::{ByteSize, MIB};
+use crate::size::ByteSize;
 use crate::strategy::{SlabBacking, StrategyKind};
 
 use super::TuningReport;
@@ -291,10 +291,11 @@ impl TuningReport {
     }
 }
 
-/// The peak a run showed, as the advice gives it: rounded up to a MiB (a policy file names it
-/// exactly, and a little over the peak only leaves a little less free beyond it).
+/// The peak a run showed, as the advice gives it: the footprint exactly. Rounded up to a MiB it
+/// read better, but passed the device at passthrough's exact minimum (`cpu-mobilenetv2-train`:
+/// 212 MiB on 211.08), where a policy giving it is refused; a peak given low lapses at the peak.
 fn given_peak(footprint: u64) -> ByteSize {
-    ByteSize(footprint.div_ceil(MIB) * MIB)
+    ByteSize(footprint)
 }
 
 /// "give the peak this run showed from the first request (bounds.expected_peak = ...)".
@@ -328,10 +329,10 @@ mod tests {
     use crate::size::{ByteSize, GIB, MIB};
 
     #[test]
-    fn a_given_peak_rounds_up_to_a_mib_and_is_written_as_a_policy_file_reads_it() {
-        assert_eq!(given_peak(18 * GIB), ByteSize(18 * GIB));
-        assert_eq!(given_peak(18 * GIB + 1), ByteSize(18 * GIB + MIB));
+    fn a_given_peak_is_the_footprint_written_as_a_policy_file_reads_it() {
+        assert_eq!(given_peak(18 * GIB + 1), ByteSize(18 * GIB + 1));
         assert_eq!(toml_size(ByteSize(18 * GIB)), "\"18GiB\"");
+        assert_eq!(toml_size(ByteSize(18 * GIB + 1)), "19327352833");
         assert_eq!(toml_size(ByteSize(1536 * MIB)), "\"1.50GiB\"");
         // 7000 MiB shows as "6.84GiB", which reads back as another size: the bytes instead.
         assert_eq!(toml_size(ByteSize(7000 * MIB)), "7340032000");

@@ -174,8 +174,9 @@ pub struct Suballoc {
     /// share cap; `assess::Plan::slab_limit`).
     slab_limit: u64,
     /// Free device memory above the tight threshold (set by the policy engine): under
-    /// `SlabBacking::Auto`, a new slab no larger than this is backed by handles of tens of MiB.
-    roomy_above: u64,
+    /// `SlabBacking::Auto`, a new slab no larger than this is backed by handles of tens of MiB;
+    /// None: no handle larger than a page.
+    roomy_above: Option<u64>,
     /// The allocator's operation count at the last free.
     now: u64,
     /// `now` when the device last quiesced ([`quiesce`](Self::quiesce)): unmapping needs no
@@ -221,7 +222,7 @@ impl Suballoc {
             empty: Vec::new(),
             acct: Accounts::default(),
             slab_limit: u64::MAX,
-            roomy_above: 0,
+            roomy_above: Some(0),
             now: 0,
             quiesced_at: None,
             frozen: false,
@@ -400,8 +401,8 @@ impl Suballoc {
     }
 
     /// Free device memory above the tight threshold, for `SlabBacking::Auto`'s choice of
-    /// handle size.
-    pub fn set_roomy_above(&mut self, bytes: u64) {
+    /// handle size; None for pages only (a given peak that leaves the device near full).
+    pub fn set_roomy_above(&mut self, bytes: Option<u64>) {
         self.roomy_above = bytes;
     }
 

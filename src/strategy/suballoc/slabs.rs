@@ -17,6 +17,9 @@ impl Suballoc {
     pub(super) fn handle_for(&self, page: u64, size: u64) -> u64 {
         match self.config.backing {
             SlabBacking::Auto => {
+                let Some(roomy_above) = self.roomy_above else {
+                    return page;
+                };
                 // A handle strands all of itself while one live block holds it. One handle
                 // for the slab where the strand guard's budget left covers it; handles of tens
                 // of MiB while the device stays out of tight territory with the slab mapped;
@@ -26,7 +29,7 @@ impl Suballoc {
                     .map_or(0, |b| b.saturating_sub(self.stranded_bytes()));
                 if size > page && size <= left {
                     size
-                } else if size > page && size <= self.roomy_above {
+                } else if size > page && size <= roomy_above {
                     // The largest power of two dividing the slab, at most ROOMY_HANDLE.
                     (1u64 << size.trailing_zeros()).clamp(page, ROOMY_HANDLE)
                 } else {
