@@ -245,7 +245,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
 /// (622 at 1.5x), against 6532 (8103) learning the peak and 222 (286) for PyTorch's allocator;
 /// with pages, 6527 (6787: `small-churn`'s exact-size blocks while its peak was unknown, 1518
 /// ms, gone). Given 10% under the real peak, no run failed, and the first five passes cost
-/// 6443 ms summed at 1.5x with `auto`, against 8084 for the default.
+/// 6462 ms summed at 1.5x with `auto`, against 8084 for the default.
 fn given_peak(s: &Sample, lim: &Limits) -> Option<Sample> {
     let peak = lim.expected_peak.filter(|&p| s.footprint_peak <= p)?;
     Some(Sample {
