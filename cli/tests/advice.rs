@@ -55,10 +55,7 @@ fn the_backing_advice_follows_the_prices() {
             dear.changes
         );
         assert!(
-            dear.report
-                .recommendations
-                .iter()
-                .any(|r| r.starts_with("also replayed, not kept") && r.contains("\"blocks\"")),
+            replayed_not_kept(&dear.report, "\"blocks\""),
             "{:?}",
             dear.report.recommendations
         );
@@ -88,6 +85,14 @@ fn the_backing_advice_follows_the_prices() {
         "{:?}",
         cheap.report.recommendations
     );
+}
+
+/// The report names a change that its replay weighed and did not keep.
+fn replayed_not_kept(report: &TuningReport, change: &str) -> bool {
+    report
+        .recommendations
+        .iter()
+        .any(|r| r.starts_with("also replayed, not kept") && r.contains(change))
 }
 
 /// A real tuning report of the bundled training workload at 1.5x its peak (its recommendation
@@ -224,10 +229,7 @@ fn where_memory_ran_short_larger_slabs_are_replayed_beside_segregated_ones() {
         run.report.recommendations
     );
     assert!(
-        run.report
-            .recommendations
-            .iter()
-            .any(|r| r.starts_with("also replayed, not kept") && r.contains("segregate slabs")),
+        replayed_not_kept(&run.report, "segregate slabs"),
         "{:?}",
         run.report.recommendations
     );

@@ -143,8 +143,12 @@ pub(crate) struct Plan {
     pub headroom: u64,
     /// Free memory above `bounds.tight_below`: how large a slab may be and still be backed by
     /// handles of tens of MiB under `suballoc.backing = "auto"`. None: no handle larger than a
-    /// page, where the policy gives a peak that leaves too little free beyond it
-    /// ([`large_handles`]).
+    /// page, where the policy gives a peak that leaves less than a quarter of it free beyond it
+    /// (not [`peak_known`]). There the device is near full at the peak from the first request,
+    /// and a large handle taken early can strand the request that fills it: with the peak each
+    /// workload showed given, at passthrough's exact minimum and at 1.05x it, 3 and 2 of the 17
+    /// failed requests that pages complete (`training` 9 at the minimum) until the handles were
+    /// pages there.
     pub roomy_above: Option<u64>,
     pub segregate: bool,
     pub growth: f64,
@@ -225,7 +229,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         tight,
         slab_limit: s.free.saturating_sub(headroom).min(cap.saturating_sub(s.reserved)),
         headroom,
-        roomy_above: large_handles(lim, given, known).then(|| s.free.saturating_sub(lim.tight_below)),
+        roomy_above: (!given || known).then(|| s.free.saturating_sub(lim.tight_below)),
         segregate: match lim.segregate {
             Segregate::Always => true,
             Segregate::Never => false,
@@ -253,16 +257,6 @@ fn given_peak(s: &Sample, lim: &Limits) -> Option<Sample> {
         peak_recurred: true,
         ..*s
     })
-}
-
-/// Whether slabs may take handles larger than a page under `auto`: not where the policy gives a
-/// peak that leaves less than a quarter of it free beyond it (not [`peak_known`]). There the
-/// device is near full at the peak from the first request, and a large handle taken early can
-/// strand the request that fills it: with the peak each workload showed given, at passthrough's
-/// exact minimum and at 1.05x it, 3 and 2 of the 17 failed requests that pages complete
-/// (`training` 9 at the minimum) until the handles were pages there.
-fn large_handles(lim: &Limits, given: bool, known: bool) -> bool {
-    !given || known || lim.backing != SlabBacking::Auto
 }
 
 /// A cycle is seen once the footprint falls under half its peak after the first routing

@@ -15,6 +15,7 @@ impl TuningReport {
         let within_margin = self.within_margin();
         let page_creates = self.handle_creates();
         let footprint = self.memory.peak_footprint_bytes;
+        let never_short = self.never_short_text();
         let p = &mut self.recommended_policy;
         let mut why = Vec::new();
         // Only keys that take effect under the policy's mode: slab settings where slabs are
@@ -84,14 +85,13 @@ impl TuningReport {
                 // blocks (the advice before, now replayed beside it) held best on 2 and 1. Not
                 // within a tenth of the device's capacity: there a handle larger than a page
                 // can strand the next request where pages would not.
-                let given = given_peak(footprint);
+                let given = ByteSize(footprint);
                 p.bounds.expected_peak = Some(given);
                 p.suballoc.backing = SlabBacking::Auto;
                 why.push(format!(
                     "{page_creates} physical handles of a page each were created for slabs while the peak was \
-                     unknown, and memory never ran short (peak reserved {peak} of {total}): {} and back slabs by \
-                     handles the memory free beyond it covers (suballoc.backing = \"auto\"; a later run whose peak \
-                     passes it learns as without it)",
+                     unknown, and {never_short}: {} and back slabs by handles the memory free beyond it covers \
+                     (suballoc.backing = \"auto\"; a later run whose peak passes it learns as without it)",
                     give_text(given)
                 ));
             } else if p.suballoc.backing == SlabBacking::Pages && within_margin {
@@ -118,10 +118,9 @@ impl TuningReport {
             && fixed.is_none()
             && (self.strand_refusals > 0 || p.suballoc.backing == SlabBacking::Blocks)
             && within_margin
-            && share > 0.0
-            && share < 1.0
+            && let Some(doubled) = doubled_share(share)
         {
-            p.bounds.strand_share = (share * 2.0).min(1.0);
+            p.bounds.strand_share = doubled;
             let cost = if self.strand_refusals > 0 {
                 format!(
                     "the strand guard gave {} requests exact-size blocks (a driver call each)",
@@ -131,11 +130,8 @@ impl TuningReport {
                 "under handles shaped to blocks the share decides whether an idle handle is pinned or made again".into()
             };
             why.push(format!(
-                "memory never ran short (peak reserved {} of {}) and {cost}: let slabs strand twice the share of the \
-                 memory expected free at the peak (bounds.strand_share = {}, was {share})",
-                ByteSize(self.memory.peak_reserved_bytes),
-                ByteSize(self.device_total_bytes),
-                p.bounds.strand_share
+                "{never_short} and {cost}: let slabs strand twice the share of the memory expected free at the peak \
+                 (bounds.strand_share = {doubled}, was {share})"
             ));
         }
         if fixed.is_none() && self.route_changes.len() as u64 > 4 * self.classes.len().max(1) as u64 {
@@ -199,17 +195,18 @@ impl TuningReport {
             && !gives
         {
             let mut p = used.clone();
-            let given = given_peak(self.memory.peak_footprint_bytes);
+            // The footprint exactly: rounded up to a MiB it read better, but passed the device
+            // at passthrough's exact minimum (`cpu-mobilenetv2-train`: 212 MiB on 211.08), where
+            // a policy giving it is refused.
+            let given = ByteSize(self.memory.peak_footprint_bytes);
             p.bounds.expected_peak = Some(given);
             p.description = self.recommended_description();
             let why = if roomy {
                 p.suballoc.backing = SlabBacking::Auto;
                 format!(
-                    "memory never ran short (peak reserved {} of {}) and {creates} physical handles were created for \
-                     slabs: {} and back slabs by handles the memory free beyond it covers (suballoc.backing = \
-                     \"auto\")",
-                    ByteSize(self.memory.peak_reserved_bytes),
-                    ByteSize(self.device_total_bytes),
+                    "{} and {creates} physical handles were created for slabs: {} and back slabs by handles the \
+                     memory free beyond it covers (suballoc.backing = \"auto\")",
+                    self.never_short_text(),
                     give_text(given)
                 )
             } else {
@@ -223,19 +220,17 @@ impl TuningReport {
         if gives && roomy {
             let mut p = used.clone();
             p.suballoc.backing = SlabBacking::Blocks;
-            let share = p.bounds.strand_share;
-            if share > 0.0 && share < 1.0 {
-                p.bounds.strand_share = (share * 2.0).min(1.0);
+            if let Some(doubled) = doubled_share(p.bounds.strand_share) {
+                p.bounds.strand_share = doubled;
             }
             p.description = self.recommended_description();
             out.push((
                 p,
                 format!(
-                    "memory never ran short (peak reserved {} of {}): shape handles to blocks (suballoc.backing = \
-                     \"blocks\"), one handle for each block's whole pages, and let slabs strand twice the share of \
-                     the memory expected free at the peak (bounds.strand_share)",
-                    ByteSize(self.memory.peak_reserved_bytes),
-                    ByteSize(self.device_total_bytes),
+                    "{}: shape handles to blocks (suballoc.backing = \"blocks\"), one handle for each block's whole \
+                     pages, and let slabs strand twice the share of the memory expected free at the peak \
+                     (bounds.strand_share)",
+                    self.never_short_text()
                 ),
             ));
         }
@@ -254,6 +249,15 @@ impl TuningReport {
             ));
         }
         out
+    }
+
+    /// "memory never ran short (peak reserved X of Y)", where the advice for a roomy run begins.
+    fn never_short_text(&self) -> String {
+        format!(
+            "memory never ran short (peak reserved {} of {})",
+            ByteSize(self.memory.peak_reserved_bytes),
+            ByteSize(self.device_total_bytes)
+        )
     }
 
     /// Physical handles created (cuMemCreate calls): slabs backed in handles.
@@ -291,13 +295,6 @@ impl TuningReport {
     }
 }
 
-/// The peak a run showed, as the advice gives it: the footprint exactly. Rounded up to a MiB it
-/// read better, but passed the device at passthrough's exact minimum (`cpu-mobilenetv2-train`:
-/// 212 MiB on 211.08), where a policy giving it is refused; a peak given low lapses at the peak.
-fn given_peak(footprint: u64) -> ByteSize {
-    ByteSize(footprint)
-}
-
 /// "give the peak this run showed from the first request (bounds.expected_peak = ...)".
 fn give_text(peak: ByteSize) -> String {
     format!(
@@ -317,6 +314,12 @@ fn uses_slabs(policy: &Policy) -> bool {
     policy.routing.mode.fixed().is_none_or(|k| k == StrategyKind::Suballoc)
 }
 
+/// Twice a `bounds.strand_share` (at most all of the memory expected free at the peak); None for
+/// a share of 0 (never strand) or one already at all of it.
+fn doubled_share(share: f64) -> Option<f64> {
+    (share > 0.0 && share < 1.0).then(|| (share * 2.0).min(1.0))
+}
+
 /// A `bounds.spare_share` that keeps more idle memory than `used`: half of what `used` left to
 /// other processes beyond the workload's peak, rounded to hundredths; None when nothing is left.
 fn larger_spare_share(used: f64) -> Option<f64> {
@@ -325,17 +328,24 @@ fn larger_spare_share(used: f64) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{given_peak, larger_spare_share, toml_size};
+    use super::{doubled_share, larger_spare_share, toml_size};
     use crate::size::{ByteSize, GIB, MIB};
 
     #[test]
-    fn a_given_peak_is_the_footprint_written_as_a_policy_file_reads_it() {
-        assert_eq!(given_peak(18 * GIB + 1), ByteSize(18 * GIB + 1));
+    fn a_given_peak_is_written_as_a_policy_file_reads_it() {
         assert_eq!(toml_size(ByteSize(18 * GIB)), "\"18GiB\"");
         assert_eq!(toml_size(ByteSize(18 * GIB + 1)), "19327352833");
         assert_eq!(toml_size(ByteSize(1536 * MIB)), "\"1.50GiB\"");
         // 7000 MiB shows as "6.84GiB", which reads back as another size: the bytes instead.
         assert_eq!(toml_size(ByteSize(7000 * MIB)), "7340032000");
+    }
+
+    #[test]
+    fn a_doubled_strand_share_stops_at_all_and_leaves_0_alone() {
+        assert_eq!(doubled_share(0.25), Some(0.5));
+        assert_eq!(doubled_share(0.75), Some(1.0));
+        assert_eq!(doubled_share(0.0), None, "0 never strands");
+        assert_eq!(doubled_share(1.0), None, "already all of it");
     }
 
     #[test]
