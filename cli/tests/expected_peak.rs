@@ -1,12 +1,14 @@
 //! A peak given by the policy (`bounds.expected_peak`): with room it backs slabs in large
-//! handles from the first request, and a given peak that is wrong never fails a request that
-//! passthrough completes, down to its exact minimum.
+//! handles from the first request, a given peak that is wrong never fails a request that
+//! passthrough completes with pages, down to its exact minimum, and one the workload outgrew
+//! is flagged and raised by the report.
 
 use std::sync::Arc;
 
 use adaptalloc::Allocator;
 use adaptalloc::device::{Device, Granularity, SimDevice};
 use adaptalloc::policy::Policy;
+use adaptalloc::report::TuningReport;
 use adaptalloc::size::ByteSize;
 use adaptalloc::strategy::SlabBacking;
 use adaptalloc_cli::compare::passthrough_min_capacity;
@@ -14,6 +16,11 @@ use adaptalloc_cli::synth::{BUNDLED, WorkloadSpec};
 use adaptalloc_cli::trace::{ReplayMetrics, ReplayOptions, Trace, replay_with};
 
 fn run(t: &Trace, policy: &Policy, capacity: u64, repeat: u32) -> (ReplayMetrics, u64) {
+    let (m, report) = run_reported(t, policy, capacity, repeat);
+    (m, report.memory.peak_footprint_bytes)
+}
+
+fn run_reported(t: &Trace, policy: &Policy, capacity: u64, repeat: u32) -> (ReplayMetrics, TuningReport) {
     let dev = Arc::new(SimDevice::new(capacity));
     let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy.clone());
     let m = replay_with(
@@ -28,9 +35,9 @@ fn run(t: &Trace, policy: &Policy, capacity: u64, repeat: u32) -> (ReplayMetrics
     let report = alloc.report().expect("adaptive");
     let footprint = report.memory.peak_footprint_bytes;
     // The report shows it, for a policy to give.
-    let row = format!("bounds.expected_peak) | {} |", ByteSize(footprint));
+    let row = format!("bounds.expected_peak) | {}", ByteSize(footprint));
     assert!(report.to_string().contains(&row), "{report}");
-    (m, footprint)
+    (m, report)
 }
 
 fn given(peak: u64, backing: SlabBacking) -> Policy {
@@ -88,4 +95,43 @@ fn a_wrong_given_peak_fails_nothing_that_passthrough_completes() {
         let (m, _) = run(&t, &given(peak, SlabBacking::Auto), min, 2);
         assert_eq!(m.failed_allocs, 0, "{} under auto", spec.name);
     }
+}
+
+/// A peak given short: the workload outgrew it, and slabs backed `auto` took large handles for
+/// the memory the given peak left free, which the workload then needed. Bundled `training` at
+/// passthrough's exact minimum with half its peak given fails requests that pages complete; its
+/// report says the footprint passed the given peak, and its advice gives the peak it showed,
+/// which fails nothing there.
+#[test]
+fn a_peak_the_workload_outgrew_is_flagged_and_raised() {
+    let spec = WorkloadSpec::bundled("training").unwrap();
+    let t = spec.generate(spec.seed);
+    let min = passthrough_min_capacity(&t, Granularity::default());
+    let (_, peak) = run(&t, &Policy::default(), min, 2);
+    let short = peak / 2;
+    let (m, report) = run_reported(&t, &given(short, SlabBacking::Auto), min, 2);
+    assert!(m.failed_allocs > 0, "a short peak under auto strands requests here");
+    let footprint = report.memory.peak_footprint_bytes;
+    assert_eq!(report.memory.expected_peak_bytes, Some(short));
+    let past = format!("{} (past the {} the policy gave)", ByteSize(footprint), ByteSize(short));
+    assert!(report.to_string().contains(&past), "{report}");
+    let advised = &report.recommended_policy;
+    assert_eq!(advised.bounds.expected_peak, Some(ByteSize(footprint)));
+    assert!(
+        report
+            .recommendations
+            .iter()
+            .any(|r| r.contains("past the") && r.contains("bounds.expected_peak = ")),
+        "{:?}",
+        report.recommendations
+    );
+    let (m, report) = run_reported(&t, advised, min, 2);
+    assert_eq!(m.failed_allocs, 0, "{report}");
+    // Within the peak it gave, the report says what it was.
+    let (_, report) = run_reported(&t, &given(peak, SlabBacking::Pages), min, 1);
+    assert!(
+        report
+            .to_string()
+            .contains(&format!("(the policy gave {})", ByteSize(peak)))
+    );
 }

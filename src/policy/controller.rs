@@ -40,6 +40,9 @@ pub struct Engine {
     headroom: u64,
     /// What the last sample decided and the next may change.
     prior: Prior,
+    /// Whether the last plan read the policy's peak (`Plan::peak_given`): once the footprint
+    /// passes it, a warning says so, once.
+    peak_given: bool,
     in_pressure: bool,
     /// How the driver consumes memory, for `footprint`.
     model: Granularity,
@@ -79,6 +82,7 @@ impl Engine {
             last_free: total,
             headroom: limits.headroom,
             prior: Prior::default(),
+            peak_given: false,
             in_pressure: false,
             model,
             footprint: Counter::default(),
@@ -317,6 +321,17 @@ impl Engine {
             );
         }
         self.prior.cycle_seen = plan.cycle_seen;
+        if self.peak_given && !plan.peak_given {
+            tracing::warn!(
+                op = s.op,
+                footprint = s.footprint_peak,
+                expected_peak = self.limits.expected_peak,
+                "the workload outgrew bounds.expected_peak: its peak is learned from here; slabs backed \"auto\" \
+                 may hold large handles taken for memory it now needs, which near the device's capacity can \
+                 fail requests; give the peak this run's tuning report shows"
+            );
+        }
+        self.peak_given = plan.peak_given;
         self.cache_bound = plan.cache_bound;
         if plan.on_free_idle != self.on_free_idle {
             self.on_free_idle = plan.on_free_idle;

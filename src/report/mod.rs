@@ -101,6 +101,10 @@ pub struct MemorySummary {
     /// Passthrough's footprint of the live blocks at its highest: the workload's peak as plain
     /// cudaMalloc would hold it, which `bounds.expected_peak` gives a later run.
     pub peak_footprint_bytes: u64,
+    /// The peak the policy gave (`bounds.expected_peak`), if any: under `peak_footprint_bytes`,
+    /// the run outgrew it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_peak_bytes: Option<u64>,
 }
 
 /// Hits and misses of one strategy.
@@ -227,6 +231,7 @@ impl TuningReport {
             peak_idle_bytes: st.idle_bytes.whole_run_peak(),
             headroom_bytes: input.headroom,
             peak_footprint_bytes: input.peak_footprint,
+            expected_peak_bytes: input.policy.bounds.expected_peak.map(|b| b.0),
         };
         let hit_rates = st
             .per_strategy
@@ -379,9 +384,14 @@ impl fmt::Display for TuningReport {
             ByteSize(m.peak_reserved_bytes),
             m.reserved_over_live
         )?;
+        let given = match m.expected_peak_bytes {
+            Some(e) if m.peak_footprint_bytes > e => format!(" (past the {} the policy gave)", ByteSize(e)),
+            Some(e) => format!(" (the policy gave {})", ByteSize(e)),
+            None => String::new(),
+        };
         writeln!(
             f,
-            "| peak footprint (what cudaMalloc would hold; bounds.expected_peak) | {} |",
+            "| peak footprint (what cudaMalloc would hold; bounds.expected_peak) | {}{given} |",
             ByteSize(m.peak_footprint_bytes)
         )?;
         writeln!(
