@@ -7,7 +7,9 @@
  * Environment: ADAPTALLOC_POLICY (policy file or preset name; the default policy when unset),
  * ADAPTALLOC_REPORT (tuning report written at exit: .md, .toml or .json; device 0 writes the
  * path as given, device N puts N before the extension: rep.md, rep.1.md, rep.2.md),
- * ADAPTALLOC_DEVICE (`cuda`, the default, or `sim:SIZE` for a simulated device).
+ * ADAPTALLOC_DEVICE (`cuda`, the default, or `sim:SIZE` for a simulated device),
+ * ADAPTALLOC_LOG (the engine's events printed to stderr from this level up: off, error, warn
+ * (the default), info (every route change and release), debug, trace).
  * A broken ADAPTALLOC_POLICY or ADAPTALLOC_DEVICE is printed once to stderr (file, line and key)
  * besides making adaptalloc_malloc return NULL with the reason in adaptalloc_last_error().
  * fork(): a child gets allocators of its own on its first call (never its parent's, whose locks

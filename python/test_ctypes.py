@@ -209,6 +209,14 @@ def child(mode):
         reason = lib.adaptalloc_last_error().decode()
         assert "bad-policy.toml" in reason and "flavour" in reason, reason
         print("bad-policy ok:", reason)
+    elif mode == "log":
+        # 8 MiB blocks past the 16 MiB the policy gives as the peak: the engine warns once.
+        mib = 1 << 20
+        held = [lib.adaptalloc_malloc(8 * mib, 0, None) for _ in range(8)]
+        assert all(held), lib.adaptalloc_last_error()
+        for p in held:
+            lib.adaptalloc_free(p, 8 * mib, 0, None)
+        print("log ok: 64 MiB allocated past a 16 MiB given peak")
     elif mode == "streams":
         # Stream A (a fake handle: the simulated device ignores it) fills 512 MiB with 1 MiB
         # blocks and frees seven in eight without synchronizing; stream B then gets as many
@@ -312,6 +320,25 @@ def main():
         assert len(printed) == 1 and "bad-policy.toml:2" in printed[0] and "flavour" in printed[0], out.stderr
         print(out.stdout.strip(), "| printed once to stderr")
     with tempfile.TemporaryDirectory() as tmp:
+        # The engine's warnings reach stderr (ADAPTALLOC_LOG, warn when unset); off silences
+        # them; an unknown level is printed once and warnings kept.
+        policy = os.path.join(tmp, "short-peak.toml")
+        with open(policy, "w") as f:
+            f.write('[bounds]\nexpected_peak = "16MiB"\n')
+        warning = "the workload outgrew bounds.expected_peak"
+        for level, warned, complaint in ((None, True, False), ("off", False, False), ("loud", True, True)):
+            env = dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB", ADAPTALLOC_POLICY=policy)
+            env.pop("ADAPTALLOC_LOG", None)
+            if level is not None:
+                env["ADAPTALLOC_LOG"] = level
+            out = subprocess.run([sys.executable, __file__, "--child", "log"], env=env,
+                                 capture_output=True, text=True)
+            assert out.returncode == 0, out.stdout + out.stderr
+            lines = out.stderr.splitlines()
+            assert sum(warning in l and "WARN" in l for l in lines) == (1 if warned else 0), (level, out.stderr)
+            assert sum("ADAPTALLOC_LOG" in l for l in lines) == (1 if complaint else 0), (level, out.stderr)
+        print(out.stdout.strip(), "| warned once on stderr; ADAPTALLOC_LOG=off silent")
+    with tempfile.TemporaryDirectory() as tmp:
         # Each device writes a report of its own, its number before the extension.
         report = os.path.join(tmp, "rep.md")
         run_child("devices", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_REPORT": report})
@@ -333,7 +360,7 @@ def main():
         report = os.path.join(tmp, "fork-report.md")
         run_child("fork", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_REPORT": report})
         assert os.path.exists(report), "the parent writes its report at exit"
-    print("10 passed, 0 failed")
+    print("11 passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,11 @@
 //! (the default when unset). `ADAPTALLOC_REPORT=path` writes each device's tuning report at
 //! exit (`path` as given for device 0; for device N, N before the extension: `rep.md`, `rep.1.md`). A child made by fork() gets
 //! allocators of its own on first use (never its parent's) and writes no report. `ADAPTALLOC_DEVICE=sim:SIZE`
-//! runs on a simulated device of that size instead of CUDA (tests, dry runs). No panic crosses
-//! the boundary: every entry point catches it, logs it, and returns NULL or an error code.
+//! runs on a simulated device of that size instead of CUDA (tests, dry runs). The engine's
+//! events go to stderr from `ADAPTALLOC_LOG`'s level up (`warn` when unset: a failed
+//! allocation, a workload that outgrew its policy's `bounds.expected_peak`; `info`: every
+//! route change and release; `off`). No panic crosses the boundary: every entry point catches
+//! it, logs it, and returns NULL or an error code.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 
@@ -21,6 +24,7 @@ use adaptalloc_core::allocator::Allocator;
 use adaptalloc_core::device::{Device, SimDevice};
 use adaptalloc_core::size::ByteSize;
 use adaptalloc_core::{AllocError, CudaDevice, DevicePtr};
+use tracing_subscriber::filter::LevelFilter;
 
 /// The C ABI's version (`ADAPTALLOC_ABI_VERSION` in the header): 1, the first ten fields of
 /// [`AdaptallocStats`]; 2, `stream_reclaims` and `stream_waits` added; 3,
@@ -59,6 +63,12 @@ thread_local! {
 
 fn set_error(message: String) {
     tracing::warn!("{message}");
+    keep_error(message);
+}
+
+/// [`set_error`] for an error already logged where it arose (an allocation the engine found
+/// no memory for: `allocation failed`, with what it held): kept, not logged twice.
+fn keep_error(message: String) {
     let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|e| *e.borrow_mut() = c);
 }
@@ -221,6 +231,35 @@ extern "C" fn write_reports_at_exit() {
     });
 }
 
+/// Prints the engine's `tracing` events to stderr from `ADAPTALLOC_LOG`'s level up: `off`,
+/// `error`, `warn` (when unset), `info`, `debug` or `trace`. Without it a C or Python host,
+/// which installs no Rust subscriber, would never see a warning. Once per process, and only
+/// where the host has not installed a subscriber of its own; an unknown level is printed once
+/// and `warn` kept.
+fn init_log() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let wanted = std::env::var("ADAPTALLOC_LOG").ok();
+        let level = match wanted.as_deref().map(|v| v.trim().parse::<LevelFilter>()) {
+            None => LevelFilter::WARN,
+            Some(Ok(level)) => level,
+            Some(Err(_)) => {
+                eprintln!(
+                    "adaptalloc: ADAPTALLOC_LOG={:?}: use off, error, warn, info, debug or trace; printing warnings",
+                    wanted.unwrap_or_default()
+                );
+                LevelFilter::WARN
+            }
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .without_time()
+            .try_init();
+    });
+}
+
 /// The allocator of `device`, created on first use (the only step that takes a lock).
 fn allocator(device: c_int) -> Result<&'static Allocator, String> {
     let t = table();
@@ -237,6 +276,7 @@ fn allocator(device: c_int) -> Result<&'static Allocator, String> {
     if let Some(a) = slot.get() {
         return Ok(a);
     }
+    init_log();
     // Loud once: a broken ADAPTALLOC_DEVICE or ADAPTALLOC_POLICY would otherwise make every
     // malloc return NULL with the reason only in adaptalloc_last_error().
     let loud = |message: String| {
@@ -279,16 +319,23 @@ fn allocator(device: c_int) -> Result<&'static Allocator, String> {
 pub extern "C" fn adaptalloc_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
     let stream = stream as usize as u64;
     let result = catch_unwind(AssertUnwindSafe(|| {
-        let alloc = allocator(device)?;
-        alloc.allocate_raw(size as u64, stream).map_err(|e| e.to_string())
+        let alloc = allocator(device).map_err(|e| (e, false))?;
+        alloc
+            .allocate_raw(size as u64, stream)
+            .map_err(|e| (e.to_string(), matches!(e, AllocError::OutOfMemory { .. })))
     }));
     match result {
         Ok(Ok(ptr)) => {
             clear_error();
             ptr as usize as *mut c_void
         }
-        Ok(Err(message)) => {
-            set_error(format!("adaptalloc_malloc({size}, device {device}): {message}"));
+        Ok(Err((message, logged))) => {
+            let message = format!("adaptalloc_malloc({size}, device {device}): {message}");
+            if logged {
+                keep_error(message)
+            } else {
+                set_error(message)
+            }
             std::ptr::null_mut()
         }
         Err(_) => {
