@@ -14,8 +14,7 @@
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 
-use std::cell::RefCell;
-use std::ffi::{CString, c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -24,7 +23,12 @@ use adaptalloc_core::allocator::Allocator;
 use adaptalloc_core::device::{Device, SimDevice};
 use adaptalloc_core::size::ByteSize;
 use adaptalloc_core::{AllocError, CudaDevice, DevicePtr};
-use tracing_subscriber::filter::LevelFilter;
+
+// The last error of each thread and the engine's log on stderr. By path: the Python extension
+// compiles this file as a module of its own.
+#[path = "diag.rs"]
+mod diag;
+use diag::{clear_error, init_log, keep_error, set_error};
 
 /// The C ABI's version (`ADAPTALLOC_ABI_VERSION` in the header): 1, the first ten fields of
 /// [`AdaptallocStats`]; 2, `stream_reclaims` and `stream_waits` added; 3,
@@ -55,33 +59,6 @@ pub struct AdaptallocStats {
     pub stream_reclaims: u64,
     pub stream_waits: u64,
     pub vmm_calls: u64,
-}
-
-thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-}
-
-fn set_error(message: String) {
-    tracing::warn!("{message}");
-    keep_error(message);
-}
-
-/// [`set_error`] for an error already logged where it arose (an allocation the engine found
-/// no memory for: `allocation failed`, with what it held): kept, not logged twice.
-fn keep_error(message: String) {
-    let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
-}
-
-/// A successful call clears the last error, so that after a call that returns nothing (free)
-/// an empty `adaptalloc_last_error()` means it worked.
-fn clear_error() {
-    LAST_ERROR.with(|e| {
-        let mut e = e.borrow_mut();
-        if !e.as_bytes().is_empty() {
-            *e = CString::default();
-        }
-    });
 }
 
 /// Devices a process may use through the C ABI (ordinals 0..MAX_DEVICES).
@@ -228,35 +205,6 @@ extern "C" fn write_reports_at_exit() {
                 eprintln!("adaptalloc: cannot write the tuning report to {}: {e}", file.display());
             }
         }
-    });
-}
-
-/// Prints the engine's `tracing` events to stderr from `ADAPTALLOC_LOG`'s level up: `off`,
-/// `error`, `warn` (when unset), `info`, `debug` or `trace`. Without it a C or Python host,
-/// which installs no Rust subscriber, would never see a warning. Once per process, and only
-/// where the host has not installed a subscriber of its own; an unknown level is printed once
-/// and `warn` kept.
-fn init_log() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let wanted = std::env::var("ADAPTALLOC_LOG").ok();
-        let level = match wanted.as_deref().map(|v| v.trim().parse::<LevelFilter>()) {
-            None => LevelFilter::WARN,
-            Some(Ok(level)) => level,
-            Some(Err(_)) => {
-                eprintln!(
-                    "adaptalloc: ADAPTALLOC_LOG={:?}: use off, error, warn, info, debug or trace; printing warnings",
-                    wanted.unwrap_or_default()
-                );
-                LevelFilter::WARN
-            }
-        };
-        let _ = tracing_subscriber::fmt()
-            .with_max_level(level)
-            .with_writer(std::io::stderr)
-            .with_ansi(false)
-            .without_time()
-            .try_init();
     });
 }
 
@@ -527,7 +475,7 @@ pub extern "C" fn adaptalloc_reset_peak_stats(device: c_int) -> c_int {
 /// next adaptalloc call on this thread.
 #[unsafe(no_mangle)]
 pub extern "C" fn adaptalloc_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    diag::last_error()
 }
 
 // PyTorch's hooks beyond malloc and free (CUDAPluggableAllocator's setters), each with the
