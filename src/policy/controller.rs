@@ -40,9 +40,9 @@ pub struct Engine {
     headroom: u64,
     /// What the last sample decided and the next may change.
     prior: Prior,
-    /// Whether the last plan read the policy's peak (`Plan::peak_given`): once the footprint
-    /// passes it, a warning says so, once.
-    peak_given: bool,
+    /// Whether the footprint has passed the peak the policy gives (`bounds.expected_peak`): a
+    /// warning said so, once.
+    peak_outgrown: bool,
     in_pressure: bool,
     /// How the driver consumes memory, for `footprint`.
     model: Granularity,
@@ -82,7 +82,7 @@ impl Engine {
             last_free: total,
             headroom: limits.headroom,
             prior: Prior::default(),
-            peak_given: false,
+            peak_outgrown: false,
             in_pressure: false,
             model,
             footprint: Counter::default(),
@@ -321,7 +321,8 @@ impl Engine {
             );
         }
         self.prior.cycle_seen = plan.cycle_seen;
-        if self.peak_given && !plan.peak_given {
+        if !self.peak_outgrown && self.limits.expected_peak.is_some() && !plan.peak_given {
+            self.peak_outgrown = true;
             tracing::warn!(
                 op = s.op,
                 footprint = s.footprint_peak,
@@ -331,7 +332,6 @@ impl Engine {
                  fail requests; give the peak this run's tuning report shows"
             );
         }
-        self.peak_given = plan.peak_given;
         self.cache_bound = plan.cache_bound;
         if plan.on_free_idle != self.on_free_idle {
             self.on_free_idle = plan.on_free_idle;
