@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# What a peak given short costs under `suballoc.backing = "auto"`: for each trace in
+# What a peak given short costs under `suballoc.backing = "auto"` (or BACKING): for each trace in
 # ../shared/traces (where present) and each bundled workload, the peak footprint a default run
 # at 2x peak live reports, given at FACTOR times itself with "auto", replayed over two passes
 # at each capacity (a multiple of passthrough's smallest device). Prints the workloads that
 # failed any request, with their failed allocations and modelled driver time. About 10 s a
 # capacity and factor here.
 #
-#   scripts/short-peak.sh [FACTOR...]   (default 0.5 0.75 0.9; capacities 1.0 1.05 1.1 1.2)
+#   [BACKING=pages] scripts/short-peak.sh [FACTOR...]   (default 0.5 0.75 0.9; capacities 1.0 1.05 1.1 1.2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p adaptalloc-cli
@@ -36,7 +36,7 @@ for k in 1.0 1.05 1.1 1.2; do
         for t in "${traces[@]}"; do
             given=$(python3 -c "print(int(${peak[$t]} * $g))")
             capacity=$(python3 -c "print(int(${min[$t]} * $k))")
-            printf '[bounds]\nexpected_peak = %s\n[suballoc]\nbacking = "auto"\n' "$given" > "$work/p.toml"
+            printf '[bounds]\nexpected_peak = %s\n[suballoc]\nbacking = "%s"\n' "$given" "${BACKING:-auto}" > "$work/p.toml"
             line=$("$bin" replay "$t" --capacity "$capacity" --repeat 2 --policy "$work/p.toml" | head -1)
             n=$(sed -E 's/.* ([0-9]+) failed allocations.*/\1/' <<< "$line")
             if [ "$n" != 0 ]; then
