@@ -331,13 +331,20 @@ def main():
             env.pop("ADAPTALLOC_LOG", None)
             if level is not None:
                 env["ADAPTALLOC_LOG"] = level
+            report = os.path.join(tmp, "live.json")
+            env["ADAPTALLOC_REPORT"] = report
             out = subprocess.run([sys.executable, __file__, "--child", "log"], env=env,
                                  capture_output=True, text=True)
             assert out.returncode == 0, out.stdout + out.stderr
             lines = out.stderr.splitlines()
             assert sum(warning in l and "WARN" in l for l in lines) == (1 if warned else 0), (level, out.stderr)
             assert sum("ADAPTALLOC_LOG" in l for l in lines) == (1 if complaint else 0), (level, out.stderr)
-        print(out.stdout.strip(), "| warned once on stderr; ADAPTALLOC_LOG=off silent")
+            # The report at exit gives the peak the run showed, and says that a live run's
+            # advice was not replayed.
+            advice = json.load(open(report))["recommendations"]
+            assert any("past the 16MiB the policy gave" in r for r in advice), advice
+            assert advice[-1].startswith("not replayed: a live run"), advice
+        print(out.stdout.strip(), "| warned once on stderr; ADAPTALLOC_LOG=off silent; advice not replayed, said")
     with tempfile.TemporaryDirectory() as tmp:
         # Each device writes a report of its own, its number before the extension.
         report = os.path.join(tmp, "rep.md")

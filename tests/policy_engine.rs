@@ -455,6 +455,18 @@ fn the_report_recommends_whole_slabs_where_pages_bought_nothing() {
     // A device the run fills to its last tenth (1.1x its peak): pages stay.
     let (full, _, _) = run(Policy::default(), 6_850_000_000);
     assert_eq!(full.recommended_policy.suballoc.backing, SlabBacking::Pages);
+    // A live run's report (written at exit, with no trace to replay) says its advice was not
+    // replayed, after the changes it recommends; one that recommends none adds nothing.
+    let (mut live, _, _) = run(Policy::default(), 32 << 30);
+    let changes = live.recommendations.len();
+    live.note_not_replayed();
+    assert_eq!(live.recommendations.len(), changes + 1);
+    assert!(live.recommendations[changes].starts_with("not replayed: a live run"));
+    let mut fits = run(live.recommended_policy.clone(), 32 << 30).0;
+    assert!(!fits.recommends_change, "{:?}", fits.recommendations);
+    let before = fits.recommendations.clone();
+    fits.note_not_replayed();
+    assert_eq!(fits.recommendations, before);
 }
 
 /// Peaks reset between steps (`reset_peak_stats`) leave the tuning report's whole-run peaks: a

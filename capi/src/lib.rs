@@ -199,7 +199,8 @@ extern "C" fn write_reports_at_exit() {
             return;
         };
         for (device, alloc) in table().all() {
-            let Some(report) = alloc.report() else { continue };
+            let Some(mut report) = alloc.report() else { continue };
+            report.note_not_replayed();
             let file = adaptalloc_core::report::report_path_for_device(std::path::Path::new(&path), device);
             if let Err(e) = report.write_to(&file) {
                 eprintln!("adaptalloc: cannot write the tuning report to {}: {e}", file.display());

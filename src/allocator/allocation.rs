@@ -12,7 +12,8 @@ impl Drop for Shared {
     fn drop(&mut self) {
         if let Some(path) = self.report_path.get_mut().take() {
             match self.report() {
-                Some(report) => {
+                Some(mut report) => {
+                    report.note_not_replayed();
                     if let Err(e) = report.write_to(&path) {
                         tracing::error!(path = %path.display(), error = %e, "cannot write the tuning report");
                     }

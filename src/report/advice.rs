@@ -174,6 +174,26 @@ impl TuningReport {
         self.recommendations = why;
     }
 
+    /// For the report of a live run (the allocator's own, written at exit: `ADAPTALLOC_REPORT`),
+    /// which has no trace to replay its advice on, as `adaptalloc replay` does: says so beside
+    /// a recommended change, and how to check it. The advice bets that the next run is this
+    /// one: its larger handles fail a larger workload near the capacity where cudaMalloc would
+    /// not (given a peak a quarter short under `auto`, 6 of 17 workloads at passthrough's
+    /// minimum, `scripts/short-peak.sh`; whole slabs as the default, 73 / 102 / 351 runs of the
+    /// robustness grid against 7 / 3 / 4).
+    pub fn note_not_replayed(&mut self) {
+        if self.recommends_change {
+            self.recommendations.push(
+                "not replayed: a live run has no trace to check this advice on, and the advice bets \
+                 that the next run's workload is this one (a larger one can fail near the device's \
+                 capacity under it); to check it, record the workload (a PyTorch memory snapshot, an \
+                 RMM log) and run `adaptalloc replay TRACE --capacity SIZE --report FILE`, which \
+                 replays the advice and keeps what holds"
+                    .into(),
+            );
+        }
+    }
+
     /// Other changes worth replaying beside the recommended policy, each with why: a remedy
     /// whose effect depends on the workload more than the report can tell, for a replay to
     /// judge (`adaptalloc replay` keeps whichever candidate its replay shows best). Where memory
