@@ -71,10 +71,15 @@ def allocator():
 _installed = None
 
 
-def install(policy=None, report=None):
-    """Makes adaptalloc PyTorch's CUDA allocator: ``policy`` (a preset name or a policy file) and
-    ``report`` (a tuning report written at exit: .md, .toml or .json) set ADAPTALLOC_POLICY and
-    ADAPTALLOC_REPORT. Call it before anything allocates on the GPU. Every hook is set
+LOG_LEVELS = ("off", "error", "warn", "info", "debug", "trace")
+
+
+def install(policy=None, report=None, log=None):
+    """Makes adaptalloc PyTorch's CUDA allocator: ``policy`` (a preset name or a policy file),
+    ``report`` (a tuning report written at exit: .md, .toml or .json) and ``log`` (the level from
+    which the allocator's events go to stderr: off, error, warn, the default, info for every
+    route change and release, debug or trace) set ADAPTALLOC_POLICY, ADAPTALLOC_REPORT and
+    ADAPTALLOC_LOG. Call it before anything allocates on the GPU. Every hook is set
     (``allocator()``): ``torch.cuda.empty_cache()``, ``Tensor.record_stream``,
     ``set_per_process_memory_fraction`` and CUDA graph capture reach adaptalloc.
 
@@ -89,13 +94,15 @@ def install(policy=None, report=None):
         _native.check_policy(os.fspath(policy))
     if report is not None and os.path.splitext(os.fspath(report))[1] not in (".md", ".markdown", ".toml", ".json"):
         raise ValueError("report %r: a tuning report is written as .md, .toml or .json" % (os.fspath(report),))
-    wanted = (None if policy is None else os.fspath(policy), None if report is None else os.fspath(report))
+    if log is not None and log not in LOG_LEVELS:
+        raise ValueError("log %r: give one of %s" % (log, ", ".join(LOG_LEVELS)))
+    wanted = (None if policy is None else os.fspath(policy), None if report is None else os.fspath(report), log)
     if _installed is not None:
         if _installed == wanted:
             return
         raise RuntimeError(
-            "adaptalloc.torch.install() already ran with policy=%r, report=%r; PyTorch cannot swap an "
-            "allocator it has used, so policy=%r, report=%r cannot take effect in this process"
+            "adaptalloc.torch.install() already ran with policy=%r, report=%r, log=%r; PyTorch cannot swap "
+            "an allocator it has used, so policy=%r, report=%r, log=%r cannot take effect in this process"
             % (_installed + wanted)
         )
     import torch
@@ -104,6 +111,8 @@ def install(policy=None, report=None):
         os.environ["ADAPTALLOC_POLICY"] = wanted[0]
     if report is not None:
         os.environ["ADAPTALLOC_REPORT"] = wanted[1]
+    if log is not None:
+        os.environ["ADAPTALLOC_LOG"] = log
     try:
         torch.cuda.memory.change_current_allocator(allocator())
     except RuntimeError as e:

@@ -268,16 +268,18 @@ torch = types.ModuleType("torch")
 torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
     CUDAPluggableAllocator=Pluggable, change_current_allocator=lambda a: calls.append(a.args)))
 sys.modules["torch"] = torch
-import ctypes, adaptalloc, adaptalloc.torch as at
-for bad, word in ((dict(policy="trainig"), "presets"), (dict(report="rep.pdf"), ".md, .toml or .json")):
+import ctypes, os, adaptalloc, adaptalloc.torch as at
+for bad, word in ((dict(policy="trainig"), "presets"), (dict(report="rep.pdf"), ".md, .toml or .json"),
+                  (dict(log="verbose"), "off, error, warn, info, debug, trace")):
     try:
         at.install(**bad)
         raise SystemExit("accepted %r" % bad)
     except ValueError as e:
         assert word in str(e), e
 assert calls == [] and hooks == {}, "nothing swapped on a bad policy or report name"
-at.install(policy="training")
-at.install(policy="training")  # a re-run notebook cell: nothing happens
+at.install(policy="training", log="info")
+at.install(policy="training", log="info")  # a re-run notebook cell: nothing happens
+assert os.environ["ADAPTALLOC_LOG"] == "info"
 assert calls == [(adaptalloc.library_path(), "adaptalloc_malloc", "adaptalloc_free")], calls
 # Every hook set, each with the address the library exports for it.
 lib = ctypes.CDLL(adaptalloc.library_path())
@@ -294,7 +296,7 @@ try:
     at.install(policy="default")
     raise SystemExit("a second install with other arguments was accepted")
 except RuntimeError as e:
-    assert "already ran with policy='training'" in str(e), e
+    assert "already ran with policy='training', report=None, log='info'" in str(e), e
 print("install ok")
 """
 
