@@ -88,22 +88,24 @@ fn broken_policy_files_name_file_line_and_key() {
         let err = Policy::from_toml_str(text, "p.toml").unwrap_err().to_string();
         assert!(err.contains(where_) && err.contains(what), "for {text:?}: {err}");
     }
-    // Bounds that leave nothing of the device are refused once the device is known.
-    let big = Policy::from_toml_str("[bounds]\nheadroom = \"100GiB\"\n", "p.toml").unwrap();
-    let err = big.check_fits("p.toml", 16 << 30).unwrap_err().to_string();
-    assert!(
-        err.contains("p.toml") && err.contains("bounds.headroom") && err.contains("16GiB"),
-        "{err}"
-    );
-    big.check_fits("p.toml", 200 << 30).unwrap();
-    // So is a given peak the device cannot hold.
-    let peak = Policy::from_toml_str("[bounds]\nexpected_peak = \"20GiB\"\n", "p.toml").unwrap();
-    let err = peak.check_fits("p.toml", 16 << 30).unwrap_err().to_string();
-    assert!(
-        err.contains("bounds.expected_peak") && err.contains("20GiB") && err.contains("16GiB"),
-        "{err}"
-    );
-    peak.check_fits("p.toml", 20 << 30).unwrap();
+    // Bounds that leave nothing of the device, and a given peak it cannot hold, are refused
+    // once the device is known (16 GiB), each error naming the file, key, value and device;
+    // a device that holds them takes them.
+    for (key, value, fits) in [
+        ("headroom", "100GiB", 200u64 << 30),
+        ("expected_peak", "20GiB", 20 << 30),
+    ] {
+        let p = Policy::from_toml_str(&format!("[bounds]\n{key} = \"{value}\"\n"), "p.toml").unwrap();
+        let err = p.check_fits("p.toml", 16 << 30).unwrap_err().to_string();
+        assert!(
+            err.contains("p.toml")
+                && err.contains(&format!("bounds.{key}"))
+                && err.contains(value)
+                && err.contains("16GiB"),
+            "{err}"
+        );
+        p.check_fits("p.toml", fits).unwrap();
+    }
     Policy::default().check_fits("default", 1 << 30).unwrap();
     let typo = Policy::load("trainig").unwrap_err().to_string();
     assert!(

@@ -15,6 +15,7 @@ impl TuningReport {
         let within_margin = self.within_margin();
         let page_creates = self.handle_creates();
         let footprint = self.memory.peak_footprint_bytes;
+        let outgrown = self.memory.outgrown_peak().map(ByteSize);
         let never_short = self.never_short_text();
         let p = &mut self.recommended_policy;
         let mut why = Vec::new();
@@ -140,8 +141,9 @@ impl TuningReport {
         // and a quarter under each workload's peak given, 6 of the 17 workloads failed at
         // passthrough's exact minimum (`training` 157 requests) and 4 at 1.05x it, none with a
         // tenth under (`scripts/short-peak.sh`).
+        // (Unless a rule above already gave the run's peak.)
         if fixed.is_none()
-            && let Some(short) = p.bounds.expected_peak.filter(|e| footprint > e.0)
+            && let Some(short) = outgrown.filter(|&e| p.bounds.expected_peak == Some(e))
         {
             let given = ByteSize(footprint);
             p.bounds.expected_peak = Some(given);

@@ -107,6 +107,13 @@ pub struct MemorySummary {
     pub expected_peak_bytes: Option<u64>,
 }
 
+impl MemorySummary {
+    /// The peak the policy gave, where the run's footprint passed it: the workload outgrew it.
+    pub fn outgrown_peak(&self) -> Option<u64> {
+        self.expected_peak_bytes.filter(|&e| self.peak_footprint_bytes > e)
+    }
+}
+
 /// Hits and misses of one strategy.
 #[non_exhaustive]
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -384,10 +391,10 @@ impl fmt::Display for TuningReport {
             ByteSize(m.peak_reserved_bytes),
             m.reserved_over_live
         )?;
-        let given = match m.expected_peak_bytes {
-            Some(e) if m.peak_footprint_bytes > e => format!(" (past the {} the policy gave)", ByteSize(e)),
-            Some(e) => format!(" (the policy gave {})", ByteSize(e)),
-            None => String::new(),
+        let given = match (m.outgrown_peak(), m.expected_peak_bytes) {
+            (Some(e), _) => format!(" (past the {} the policy gave)", ByteSize(e)),
+            (None, Some(e)) => format!(" (the policy gave {})", ByteSize(e)),
+            (None, None) => String::new(),
         };
         writeln!(
             f,
