@@ -7,13 +7,16 @@
  * Environment: ADAPTALLOC_POLICY (policy file or preset name; the default policy when unset),
  * ADAPTALLOC_REPORT (tuning report written at exit: .md, .toml or .json; device 0 writes the
  * path as given, device N puts N before the extension: rep.md, rep.1.md, rep.2.md),
+ * ADAPTALLOC_PROFILE (a workload profile, per device as the report: read at the start, where the
+ * file exists, for the peak earlier runs of the workload showed, so that this run backs memory
+ * with large handles from its first request; updated at exit. One file per workload),
  * ADAPTALLOC_DEVICE (`cuda`, the default, or `sim:SIZE` for a simulated device),
  * ADAPTALLOC_LOG (the engine's events printed to stderr from this level up: off, error, warn
  * (the default), info (every route change and release), debug, trace).
- * A broken ADAPTALLOC_POLICY or ADAPTALLOC_DEVICE is printed once to stderr (file, line and key)
+ * A broken ADAPTALLOC_POLICY, ADAPTALLOC_PROFILE or ADAPTALLOC_DEVICE is printed once to stderr (file, line and key)
  * besides making adaptalloc_malloc return NULL with the reason in adaptalloc_last_error().
  * fork(): a child gets allocators of its own on its first call (never its parent's, whose locks
- * another parent thread may have held) and writes no report.
+ * another parent thread may have held) and writes no report or profile.
  */
 #ifndef ADAPTALLOC_H
 #define ADAPTALLOC_H

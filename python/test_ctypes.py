@@ -209,6 +209,11 @@ def child(mode):
         reason = lib.adaptalloc_last_error().decode()
         assert "bad-policy.toml" in reason and "flavour" in reason, reason
         print("bad-policy ok:", reason)
+    elif mode == "bad-profile":
+        assert lib.adaptalloc_malloc(4096, 0, None) is None
+        reason = lib.adaptalloc_last_error().decode()
+        assert "bad-profile.toml" in reason and "speed" in reason, reason
+        print("bad-profile ok:", reason)
     elif mode == "log":
         # 8 MiB blocks past the 16 MiB the policy gives as the peak: the engine warns once.
         mib = 1 << 20
@@ -346,6 +351,23 @@ def main():
             assert advice[-1].startswith("not replayed: a live run"), advice
         print(out.stdout.strip(), "| warned once on stderr; ADAPTALLOC_LOG=off silent; advice not replayed, said")
     with tempfile.TemporaryDirectory() as tmp:
+        # ADAPTALLOC_PROFILE: the first run writes the peak it showed at exit; the second is
+        # given it from its first request and counts itself; a broken profile is refused.
+        prof = os.path.join(tmp, "job.toml")
+        env = {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_PROFILE": prof, "ADAPTALLOC_LOG": "info"}
+        run_child("log", env)
+        first = open(prof).read()
+        assert "runs = 1" in first and f"peak_footprint_bytes = {64 << 20}" in first, first
+        full = dict(os.environ, **env)
+        out = subprocess.run([sys.executable, __file__, "--child", "log"], env=full, capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "the peak earlier runs showed is given" in out.stderr, out.stderr
+        assert "runs = 2" in open(prof).read()
+        bad = os.path.join(tmp, "bad-profile.toml")
+        open(bad, "w").write(first + "speed = 2\n")
+        run_child("bad-profile", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_PROFILE": bad})
+        print("profile ok: written at exit, given to the next run, a broken one refused")
+    with tempfile.TemporaryDirectory() as tmp:
         # Each device writes a report of its own, its number before the extension.
         report = os.path.join(tmp, "rep.md")
         run_child("devices", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_REPORT": report})
@@ -367,7 +389,7 @@ def main():
         report = os.path.join(tmp, "fork-report.md")
         run_child("fork", {"ADAPTALLOC_DEVICE": "sim:1GiB", "ADAPTALLOC_REPORT": report})
         assert os.path.exists(report), "the parent writes its report at exit"
-    print("11 passed, 0 failed")
+    print("12 passed, 0 failed")
 
 
 if __name__ == "__main__":

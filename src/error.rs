@@ -246,6 +246,15 @@ pub enum ConfigError {
         reason: String,
     },
 
+    /// A file that cannot be written.
+    #[error("{file}: cannot write: {reason}")]
+    Write {
+        /// The file.
+        file: String,
+        /// Why.
+        reason: String,
+    },
+
     /// A file that is not valid TOML for its schema.
     #[error("{file}:{line}:{column}: {message}{}", key.as_ref().map(|k| format!(" (key `{k}`)")).unwrap_or_default())]
     Parse {

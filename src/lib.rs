@@ -9,6 +9,8 @@
 //!   [`report::TuningReport`] with a recommended policy.
 //! - [`policy`]: the policy schema, presets, and the engine that routes size classes and bounds
 //!   idle memory by the device's free memory.
+//! - [`profile`]: a workload's peak kept from one run for the next (`ADAPTALLOC_PROFILE`), so
+//!   that later runs start as fast as a tuned policy.
 //! - [`device`]: where memory comes from: [`SimDevice`] (a simulated GPU with a cost model,
 //!   virtual memory, co-tenants and faults) or [`CudaDevice`] (the CUDA driver via cudarc).
 //! - [`strategy`]: passthrough, caching and block suballocation (TLSF, page-backed slabs).
@@ -47,6 +49,7 @@ pub mod device;
 pub mod error;
 pub mod hash;
 pub mod policy;
+pub mod profile;
 pub(crate) mod ptrtable;
 pub mod report;
 pub mod rng;

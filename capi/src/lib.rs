@@ -187,7 +187,8 @@ unsafe extern "C" {
 /// Whether the first failure to build an allocator from the environment was printed.
 static CONFIG_ERROR_PRINTED: AtomicBool = AtomicBool::new(false);
 
-/// The process that registered [`write_reports_at_exit`] (0: none yet).
+/// The process that registered [`write_reports_at_exit`] (the tuning reports and profiles; 0:
+/// none yet).
 static REPORT_PID: AtomicU32 = AtomicU32::new(0);
 
 extern "C" fn write_reports_at_exit() {
@@ -195,16 +196,9 @@ extern "C" fn write_reports_at_exit() {
         return; // a forked child: the reports are its parent's to write
     }
     let _ = catch_unwind(|| {
-        let Ok(path) = std::env::var("ADAPTALLOC_REPORT") else {
-            return;
-        };
-        for (device, alloc) in table().all() {
-            let Some(mut report) = alloc.report() else { continue };
-            report.note_not_replayed();
-            let file = adaptalloc_core::report::report_path_for_device(std::path::Path::new(&path), device);
-            if let Err(e) = report.write_to(&file) {
-                eprintln!("adaptalloc: cannot write the tuning report to {}: {e}", file.display());
-            }
+        // Each device's report and profile, at the paths from_env_device gave it.
+        for (_, alloc) in table().all() {
+            alloc.write_exit_files();
         }
     });
 }
@@ -248,10 +242,13 @@ fn allocator(device: c_int) -> Result<&'static Allocator, String> {
         }
         _ => Arc::new(CudaDevice::new(device).map_err(|e| format!("device {device}: {e}"))?),
     };
-    let alloc = Allocator::from_env(dev).map_err(|e| loud(e.to_string()))?;
-    // The process that first reads ADAPTALLOC_REPORT writes the reports; a child made by fork()
-    // inherits the hook and this mark, and writes none (it would overwrite its parent's).
-    if std::env::var_os("ADAPTALLOC_REPORT").is_some()
+    let alloc = Allocator::from_env_device(dev, device).map_err(|e| loud(e.to_string()))?;
+    // The process that first reads ADAPTALLOC_REPORT or ADAPTALLOC_PROFILE writes the files; a
+    // child made by fork() inherits the hook and this mark, and writes none (it would overwrite
+    // its parent's).
+    if ["ADAPTALLOC_REPORT", "ADAPTALLOC_PROFILE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
         && REPORT_PID
             .compare_exchange(0, std::process::id(), Ordering::AcqRel, Ordering::Acquire)
             .is_ok()

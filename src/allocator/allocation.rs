@@ -10,17 +10,8 @@ use super::{Live, Shared};
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if let Some(path) = self.report_path.get_mut().take() {
-            match self.report() {
-                Some(mut report) => {
-                    report.note_not_replayed();
-                    if let Err(e) = report.write_to(&path) {
-                        tracing::error!(path = %path.display(), error = %e, "cannot write the tuning report");
-                    }
-                }
-                None => tracing::warn!("ADAPTALLOC_REPORT is set but this allocator has no policy engine"),
-            }
-        }
+        let files = std::mem::take(self.exit.get_mut());
+        self.write_exit_files(files);
         let st = self.state.get_mut();
         let held = st.pools.close_window();
         st.freeze(false);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 mod allocation;
+mod env;
 mod ladder;
 mod pools;
 mod recovery;
@@ -240,8 +241,8 @@ struct Shared {
     capacity: u64,
     release_on_oom: bool,
     state: Mutex<State>,
-    /// Where to write the tuning report when the allocator is dropped (ADAPTALLOC_REPORT).
-    report_path: Mutex<Option<std::path::PathBuf>>,
+    /// Where to write the tuning report and the workload profile when the allocator is dropped.
+    exit: Mutex<env::ExitFiles>,
 }
 
 /// A device memory allocator. `Send + Sync`: share it by reference or clone it (clones share
@@ -298,7 +299,7 @@ impl Allocator {
                     pressure: false,
                     below_headroom: false,
                 }),
-                report_path: Mutex::new(None),
+                exit: Mutex::default(),
             }),
         }
     }
@@ -339,30 +340,6 @@ impl Allocator {
             st.maybe_tick(&alloc.shared.device);
         }
         alloc
-    }
-
-    /// The allocator its environment asks for: the policy named by `ADAPTALLOC_POLICY` (a file
-    /// or a preset name; the built-in default when unset), writing a tuning report to
-    /// `ADAPTALLOC_REPORT` (.toml, .json or .md) when dropped. A broken policy file is an error
-    /// naming the file, line and key; no allocator starts on a half-read policy.
-    pub fn from_env(device: Arc<dyn Device>) -> Result<Self, crate::error::ConfigError> {
-        let policy = Policy::from_env()?;
-        if let Ok(total) = device.mem_info().map(|m| m.total) {
-            let name = std::env::var("ADAPTALLOC_POLICY").unwrap_or_else(|_| "the default policy".into());
-            policy.check_fits(&name, total)?;
-        }
-        let alloc = Self::with_policy(device, policy);
-        if let Ok(path) = std::env::var("ADAPTALLOC_REPORT") {
-            if !path.trim().is_empty() {
-                alloc.set_report_path(Some(path.into()));
-            }
-        }
-        Ok(alloc)
-    }
-
-    /// Writes the tuning report to `path` when the last clone of this allocator is dropped.
-    pub fn set_report_path(&self, path: Option<std::path::PathBuf>) {
-        *self.shared.report_path.lock() = path;
     }
 
     /// The tuning report so far; None for allocators built without a policy.

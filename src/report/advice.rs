@@ -311,12 +311,12 @@ impl TuningReport {
     /// The run's peak stayed out of the device's last tenth: peak reserved within nine tenths of
     /// the device.
     fn within_margin(&self) -> bool {
-        self.memory.peak_reserved_bytes <= self.device_total_bytes / 10 * 9
+        within_margin(self.memory.peak_reserved_bytes, self.device_total_bytes)
     }
 
     /// Memory ran short in the run: a request failed, an out-of-memory was recovered, or free
     /// memory fell under the low watermark.
-    fn ran_short(&self) -> bool {
+    pub fn ran_short(&self) -> bool {
         self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0
     }
 
@@ -332,6 +332,14 @@ impl TuningReport {
     fn recommended_description(&self) -> String {
         format!("recommended by adaptalloc for this workload; based on: {}", self.policy)
     }
+}
+
+/// Whether `reserved` stays out of the last tenth of a device of `total` bytes: where handles
+/// larger than a page may back memory for a peak given from the first request (the advice's
+/// rule, and a workload profile's). Nearer the capacity such a handle can strand the next
+/// request where pages would not.
+pub fn within_margin(reserved: u64, total: u64) -> bool {
+    reserved <= total / 10 * 9
 }
 
 /// "give the peak this run showed from the first request (bounds.expected_peak = ...)".

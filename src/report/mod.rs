@@ -4,6 +4,7 @@
 //! view (Display: Markdown, also fine in a terminal).
 
 mod advice;
+pub use advice::within_margin;
 
 use std::fmt;
 

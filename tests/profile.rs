@@ -1,0 +1,94 @@
+//! Workload profiles (`ADAPTALLOC_PROFILE`, `adaptalloc::profile`) through the allocator: a
+//! run writes the peak it showed when it is dropped; the next run of the same workload, given
+//! that peak, backs memory with large handles from its first request.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use adaptalloc::Allocator;
+use adaptalloc::device::{Device, SimDevice};
+use adaptalloc::policy::Policy;
+use adaptalloc::profile::{Applied, Profile};
+use adaptalloc::size::GIB;
+use adaptalloc_cli::synth::WorkloadSpec;
+use adaptalloc_cli::trace::{ReplayMetrics, ReplayOptions, Trace, replay_with};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("adaptalloc-profile-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("job.toml")
+}
+
+/// One run of `trace` (three passes) on a fresh device of `capacity` bytes, with the profile
+/// at `path` read first and updated when the allocator is dropped, as `from_env` does.
+fn run(trace: &Trace, capacity: u64, path: &Path) -> (Option<Applied>, ReplayMetrics) {
+    let dev = Arc::new(SimDevice::new(capacity));
+    let mut policy = Policy::default();
+    let applied = Profile::read(path).unwrap().map(|p| p.apply(&mut policy, capacity));
+    let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
+    alloc.set_profile_path(Some(path.to_path_buf()), matches!(applied, Some(Applied::Peak(_))));
+    let m = replay_with(
+        trace,
+        &alloc,
+        ReplayOptions {
+            repeat: 3,
+            ..Default::default()
+        },
+        |i| dev.advance_clock(i),
+    );
+    drop(alloc);
+    (applied, m)
+}
+
+/// The bundled training workload at twice its peak live: the first run backs its slabs with
+/// 2 MiB pages while it learns its peak; the second, given that peak by the profile the first
+/// wrote, creates a tenth of the handles or fewer, fails nothing, and counts itself.
+#[test]
+fn a_second_run_given_the_profile_creates_far_fewer_handles() {
+    let spec = WorkloadSpec::bundled("training").unwrap();
+    let trace = spec.generate(spec.seed);
+    let capacity = 2 * trace.peak_live_bytes().div_ceil(2 << 20) * (2 << 20);
+    let path = scratch("second");
+    let _ = std::fs::remove_file(&path);
+
+    let (applied, first) = run(&trace, capacity, &path);
+    assert_eq!(applied, None, "no file yet: nothing applied");
+    let p = Profile::read(&path).unwrap().expect("the first run wrote a profile");
+    assert_eq!((p.device_total_bytes, p.runs, p.give_peak), (capacity, 1, true));
+    assert!(p.peak_footprint_bytes >= trace.peak_live_bytes() && p.peak_footprint_bytes < capacity);
+
+    let (applied, second) = run(&trace, capacity, &path);
+    assert_eq!(applied, Some(Applied::Peak(p.peak_footprint_bytes)));
+    assert_eq!((first.failed_allocs, second.failed_allocs), (0, 0));
+    let creates = |m: &ReplayMetrics| m.driver_ops.physical_allocs();
+    assert!(
+        creates(&second) * 10 <= creates(&first),
+        "physical allocations: {} in the second run against {} in the first",
+        creates(&second),
+        creates(&first)
+    );
+    assert!(second.modeled_driver_ns * 5 < first.modeled_driver_ns);
+    let p2 = Profile::read(&path).unwrap().unwrap();
+    assert_eq!(
+        (p2.runs, p2.peak_footprint_bytes, p2.give_peak),
+        (2, p.peak_footprint_bytes, true)
+    );
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+/// A profile made on another device is not used there; the run's end replaces it with one for
+/// the device it ran on.
+#[test]
+fn a_profile_from_another_device_is_replaced() {
+    let spec = WorkloadSpec::bundled("training").unwrap();
+    let trace = spec.generate(spec.seed);
+    let path = scratch("other");
+    let _ = std::fs::remove_file(&path);
+    run(&trace, 80 * GIB, &path);
+    let (applied, m) = run(&trace, 40 * GIB, &path);
+    assert_eq!(applied, Some(Applied::OtherDevice { profiled: 80 * GIB }));
+    assert_eq!(m.failed_allocs, 0);
+    let p = Profile::read(&path).unwrap().unwrap();
+    assert_eq!((p.device_total_bytes, p.runs), (40 * GIB, 1));
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
