@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use adaptalloc::device::{Device, Granularity};
 use adaptalloc::policy::Policy;
+use adaptalloc::profile::{Applied, Profile, RunSummary};
 use adaptalloc::size::ByteSize;
 use adaptalloc_cli::advice::run_with_advice;
 use adaptalloc_cli::compare::{CompareOptions, Contender};
@@ -36,6 +37,11 @@ pub struct Args {
     /// Skip frees of ids that are not live instead of failing (they are counted).
     #[arg(long)]
     lenient: bool,
+    /// A workload profile, as ADAPTALLOC_PROFILE gives a live run: where the file exists, its
+    /// peak is given to the policy (bounds.expected_peak, backing "auto"); the run's figures
+    /// are written back. Run twice to see what a second run of the workload costs.
+    #[arg(long, conflicts_with = "strategy")]
+    profile: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -64,7 +70,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     // The policy the engine runs (a policy given, or the adaptive strategy), or None for a
     // fixed strategy or a peer (no tuning report).
-    let policy = match (&args.policy, contender) {
+    let mut policy = match (&args.policy, contender) {
         (Some(p), _) => {
             let policy = Policy::load(p)?;
             policy.check_fits(p, capacity)?;
@@ -73,6 +79,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, None | Some(Contender::Adaptive)) => Some(Policy::default()),
         (None, Some(_)) => None,
     };
+    let (mut profile_note, mut given) = (String::new(), false);
+    if let (Some(path), Some(policy)) = (&args.profile, policy.as_mut())
+        && let Some(p) = Profile::read(path)?
+    {
+        let applied = p.apply(policy, capacity);
+        given = matches!(applied, Applied::Peak(_));
+        profile_note = match applied {
+            Applied::Peak(peak) => format!("Profile {}: peak {} given.\n", path.display(), ByteSize(peak)),
+            other => format!("Profile {}: not used ({other:?}).\n", path.display()),
+        };
+    }
     let (m, dev, report) = match (policy, contender) {
         (Some(policy), _) => {
             let run = crate::progress::with_spinner("replaying", || run_with_advice(&trace, &policy, options, device));
@@ -112,8 +129,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         sim.cost_model.description,
     );
+    text += &profile_note;
     match report {
         Some(report) => {
+            if let Some(path) = &args.profile
+                && let Some(p) = adaptalloc::profile::record(path, RunSummary::of(&report, given))?
+            {
+                text += &format!(
+                    "Profile {} written: peak {} over {} runs.\n",
+                    path.display(),
+                    ByteSize(p.peak_footprint_bytes),
+                    p.runs
+                );
+            }
             text += &format!("\n{report}");
             if let Some(path) = &args.report {
                 report
