@@ -74,16 +74,19 @@ _installed = None
 LOG_LEVELS = ("off", "error", "warn", "info", "debug", "trace")
 
 
-def install(policy=None, report=None, log=None):
+def install(policy=None, report=None, log=None, profile=None):
     """Makes adaptalloc PyTorch's CUDA allocator: ``policy`` (a preset name or a policy file),
-    ``report`` (a tuning report written at exit: .md, .toml or .json) and ``log`` (the level from
+    ``report`` (a tuning report written at exit: .md, .toml or .json), ``log`` (the level from
     which the allocator's events go to stderr: off, error, warn, the default, info for every
-    route change and release, debug or trace) set ADAPTALLOC_POLICY, ADAPTALLOC_REPORT and
-    ADAPTALLOC_LOG. Call it before anything allocates on the GPU. Every hook is set
+    route change and release, debug or trace) and ``profile`` (a workload profile: the peak
+    earlier runs of this script showed, read at the start where the file exists and updated at
+    exit, so that later runs back memory with large handles from their first request; one file
+    per workload) set ADAPTALLOC_POLICY, ADAPTALLOC_REPORT, ADAPTALLOC_LOG and
+    ADAPTALLOC_PROFILE. Call it before anything allocates on the GPU. Every hook is set
     (``allocator()``): ``torch.cuda.empty_cache()``, ``Tensor.record_stream``,
     ``set_per_process_memory_fraction`` and CUDA graph capture reach adaptalloc.
 
-    The policy and the report's name are checked first (a ValueError naming the preset, or the
+    The policy, the profile and the report's name are checked first (a ValueError naming the preset, or the
     file, line and key), so a typo never leaves PyTorch with an allocator that refuses every
     request. A second call with the same arguments does nothing (a re-run notebook cell); one
     with other arguments is a RuntimeError, since PyTorch cannot swap an allocator it has used."""
@@ -96,13 +99,21 @@ def install(policy=None, report=None, log=None):
         raise ValueError("report %r: a tuning report is written as .md, .toml or .json" % (os.fspath(report),))
     if log is not None and log not in LOG_LEVELS:
         raise ValueError("log %r: give one of %s" % (log, ", ".join(LOG_LEVELS)))
-    wanted = (None if policy is None else os.fspath(policy), None if report is None else os.fspath(report), log)
+    if profile is not None:
+        _native.check_profile(os.fspath(profile))
+    wanted = (
+        None if policy is None else os.fspath(policy),
+        None if report is None else os.fspath(report),
+        log,
+        None if profile is None else os.fspath(profile),
+    )
     if _installed is not None:
         if _installed == wanted:
             return
         raise RuntimeError(
-            "adaptalloc.torch.install() already ran with policy=%r, report=%r, log=%r; PyTorch cannot swap "
-            "an allocator it has used, so policy=%r, report=%r, log=%r cannot take effect in this process"
+            "adaptalloc.torch.install() already ran with policy=%r, report=%r, log=%r, profile=%r; PyTorch "
+            "cannot swap an allocator it has used, so policy=%r, report=%r, log=%r, profile=%r cannot take "
+            "effect in this process"
             % (_installed + wanted)
         )
     import torch
@@ -113,6 +124,8 @@ def install(policy=None, report=None, log=None):
         os.environ["ADAPTALLOC_REPORT"] = wanted[1]
     if log is not None:
         os.environ["ADAPTALLOC_LOG"] = log
+    if profile is not None:
+        os.environ["ADAPTALLOC_PROFILE"] = wanted[3]
     try:
         torch.cuda.memory.change_current_allocator(allocator())
     except RuntimeError as e:

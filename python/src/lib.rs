@@ -187,6 +187,15 @@ fn check_policy(policy: &str) -> PyResult<()> {
     policy_of(Some(policy)).map(|_| ())
 }
 
+/// Checks a workload profile as the allocator will read it: a ValueError naming the file, line
+/// and key where it exists and does not read (a missing file is a first run).
+#[pyfunction]
+fn check_profile(path: &str) -> PyResult<()> {
+    adaptalloc_core::profile::Profile::read(std::path::Path::new(path))
+        .map(|_| ())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// `device`'s statistics under the keys of PyTorch's `torch.cuda.memory_stats()`, with
 /// PyTorch's meanings (docs/pytorch.md has the table); None when nothing was allocated on it.
 #[pyfunction]
@@ -226,6 +235,7 @@ fn torch_stats(device: i32) -> Option<std::collections::BTreeMap<String, u64>> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_policy, m)?)?;
+    m.add_function(wrap_pyfunction!(check_profile, m)?)?;
     m.add_function(wrap_pyfunction!(compare_json, m)?)?;
     m.add_function(wrap_pyfunction!(report_markdown, m)?)?;
     m.add_function(wrap_pyfunction!(tune_json, m)?)?;

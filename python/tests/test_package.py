@@ -11,6 +11,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -269,17 +270,19 @@ torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
     CUDAPluggableAllocator=Pluggable, change_current_allocator=lambda a: calls.append(a.args)))
 sys.modules["torch"] = torch
 import ctypes, os, adaptalloc, adaptalloc.torch as at
+open("bad-profile.toml", "w").write("version = 1\nspeed = 2\n")
 for bad, word in ((dict(policy="trainig"), "presets"), (dict(report="rep.pdf"), ".md, .toml or .json"),
-                  (dict(log="verbose"), "off, error, warn, info, debug, trace")):
+                  (dict(log="verbose"), "off, error, warn, info, debug, trace"),
+                  (dict(profile="bad-profile.toml"), "bad-profile.toml")):
     try:
         at.install(**bad)
         raise SystemExit("accepted %r" % bad)
     except ValueError as e:
         assert word in str(e), e
 assert calls == [] and hooks == {}, "nothing swapped on a bad policy or report name"
-at.install(policy="training", log="info")
-at.install(policy="training", log="info")  # a re-run notebook cell: nothing happens
-assert os.environ["ADAPTALLOC_LOG"] == "info"
+at.install(policy="training", log="info", profile="job.toml")
+at.install(policy="training", log="info", profile="job.toml")  # a re-run notebook cell: nothing happens
+assert os.environ["ADAPTALLOC_LOG"] == "info" and os.environ["ADAPTALLOC_PROFILE"] == "job.toml"
 assert calls == [(adaptalloc.library_path(), "adaptalloc_malloc", "adaptalloc_free")], calls
 # Every hook set, each with the address the library exports for it.
 lib = ctypes.CDLL(adaptalloc.library_path())
@@ -296,15 +299,16 @@ try:
     at.install(policy="default")
     raise SystemExit("a second install with other arguments was accepted")
 except RuntimeError as e:
-    assert "already ran with policy='training', report=None, log='info'" in str(e), e
+    assert "already ran with policy='training', report=None, log='info', profile='job.toml'" in str(e), e
 print("install ok")
 """
 
 
 def test_install_checks_its_arguments_first_and_runs_once():
     # A stand-in torch module with the two calls install() makes (the real wheel is 5 GB).
-    out = subprocess.run([sys.executable, "-c", FAKE_TORCH], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB"))
+    with tempfile.TemporaryDirectory() as cwd:  # install()'s files land here
+        out = subprocess.run([sys.executable, "-c", FAKE_TORCH], capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, ADAPTALLOC_DEVICE="sim:1GiB"), cwd=cwd)
     assert out.returncode == 0 and "install ok" in out.stdout, out.stdout + out.stderr
 
 
