@@ -483,6 +483,53 @@ mod tests {
         assert_eq!(after.apply(&mut p, 80 * GIB), Applied::Withheld);
     }
 
+    proptest::proptest! {
+        /// Any values under the profile's keys either read as a profile whose peaks are within
+        /// its device, or are refused naming the file; and any run after it keeps that so, with
+        /// the larger peak, one more run, and the peak withheld for good once withheld.
+        #[test]
+        fn profiles_stay_within_their_device(
+            version in 0u32..3,
+            total in 0u64..(1 << 40),
+            peak in 0u64..(1 << 41),
+            reserved in 0u64..(1 << 41),
+            give in proptest::bool::ANY,
+            run_peak in 0u64..(1 << 41),
+            released in 0u64..(1 << 44),
+            operations in 0u64..(1 << 30),
+            given in proptest::bool::ANY,
+        ) {
+            let text = format!(
+                "version = {version}\ndevice_total_bytes = {total}\npeak_footprint_bytes = {peak}\n\
+                 peak_reserved_bytes = {reserved}\nran_short = false\nlearned_release_per_mop = 7\n\
+                 give_peak = {give}\nruns = 3\n"
+            );
+            let p = match Profile::from_toml_str(&text, "p.toml") {
+                Ok(p) => p,
+                Err(e) => {
+                    proptest::prop_assert!(e.to_string().contains("p.toml"));
+                    return Ok(());
+                }
+            };
+            proptest::prop_assert!(p.peak_footprint_bytes > 0 && p.peak_footprint_bytes <= p.device_total_bytes);
+            let run = RunSummary {
+                device_total: total,
+                peak_footprint: run_peak,
+                peak_reserved: run_peak,
+                released_by_bounds: released,
+                operations,
+                ran_short: false,
+                given,
+            };
+            let next = Profile::after_run(Some(&p), run).unwrap();
+            proptest::prop_assert!(next.peak_footprint_bytes <= total && next.peak_reserved_bytes <= total);
+            proptest::prop_assert!(next.peak_footprint_bytes >= p.peak_footprint_bytes);
+            proptest::prop_assert_eq!(next.runs, if run_peak == 0 { 3 } else { 4 });
+            proptest::prop_assert!(p.give_peak || !next.give_peak);
+            proptest::prop_assert_eq!(Profile::from_toml_str(&next.to_toml(), "next.toml").unwrap(), next);
+        }
+    }
+
     #[test]
     fn a_profile_round_trips_through_its_file() {
         let p = profile(80 * GIB, 20 * GIB);

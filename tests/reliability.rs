@@ -210,6 +210,8 @@ proptest! {
         let _ = parse_rmm(format!("Thread,Time,Action,Pointer,Size,Stream\n{text}").as_bytes(), "fuzz.log", false);
         let _ = Policy::from_toml_str(&text, "fuzz.toml");
         let _ = Policy::from_toml_str(&String::from_utf8_lossy(&bytes), "fuzz.toml");
+        let _ = adaptalloc::profile::Profile::from_toml_str(&text, "fuzz.toml");
+        let _ = adaptalloc::profile::Profile::from_toml_str(&String::from_utf8_lossy(&bytes), "fuzz.toml");
     }
 }
 
