@@ -11,6 +11,9 @@
 #   trace-replay.md      DIR/traces/*.csv through PyTorch's allocators and adaptalloc: first pass,
 #                        later passes, physical allocations and frees (and trace-replay.json)
 #   report.md            adaptalloc's tuning report after its last training loop
+#   profile-run1.md,     the training loop run twice with one workload profile
+#   profile-run2.md      (ADAPTALLOC_PROFILE=profile.toml): each run's tuning report, the
+#                        second given the peak the first wrote (driver time by kind in each)
 #
 #   scripts/gpu-run.sh DIR [OUT] [SECONDS]
 set -uo pipefail
@@ -60,6 +63,12 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     # The training loop under both allocators, alternating processes (python/gpu_step_ab.py).
     step "torch training A/B" 300 env ADAPTALLOC_REPORT="$out/report.md" \
         python3 python/gpu_step_ab.py --pairs 6 --steps 300 --out "$out/step-ab.md"
+    # A workload profile: the first run writes the peak it showed, the second is given it.
+    rm -f "$out/profile.toml"
+    for run in 1 2; do
+        step "torch profile run $run" 60 env ADAPTALLOC_PROFILE="$out/profile.toml" \
+            ADAPTALLOC_REPORT="$out/profile-run$run.md" python3 python/example_torch.py --steps 50
+    done
     pkg=$(mktemp -d)
     cp -r python/adaptalloc "$pkg/"
     cp "$bin/_native.abi3.so" "$pkg/adaptalloc/_native.abi3.so"
