@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use adaptalloc::Allocator;
-use adaptalloc::device::{Device, SimDevice};
+use adaptalloc::device::{CostModel, Device, SimDevice};
 use adaptalloc::policy::Policy;
 use adaptalloc::profile::{Applied, Profile};
 use adaptalloc::size::GIB;
@@ -90,5 +90,46 @@ fn a_profile_from_another_device_is_replaced() {
     assert_eq!(m.failed_allocs, 0);
     let p = Profile::read(&path).unwrap().unwrap();
     assert_eq!((p.device_total_bytes, p.runs), (40 * GIB, 1));
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+/// Given the peak, slabs that one handle would back whole are backed by what the prices say is
+/// cheaper (`DriverOps::allocation_pays`): one driver allocation each under the default model
+/// (A100 handle prices, a GiB handle 1 ms), one handle each under vmm-fast.toml (25 times
+/// cheaper creates); the other kind is tried once. Either way no request fails.
+#[test]
+fn whole_slabs_follow_the_prices() {
+    let spec = WorkloadSpec::bundled("training").unwrap();
+    let trace = spec.generate(spec.seed);
+    let capacity = 2 * trace.peak_live_bytes().div_ceil(2 << 20) * (2 << 20);
+    let path = scratch("prices");
+    let _ = std::fs::remove_file(&path);
+    run(&trace, capacity, &path);
+    let vmm_fast = Path::new(env!("CARGO_MANIFEST_DIR")).join("tuning/cost-models/vmm-fast.toml");
+    for (name, cost) in [
+        ("default", CostModel::default()),
+        ("vmm-fast", CostModel::from_file(&vmm_fast).unwrap()),
+    ] {
+        let dev = Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost).build());
+        let mut policy = Policy::default();
+        let applied = Profile::read(&path).unwrap().unwrap().apply(&mut policy, capacity);
+        assert!(matches!(applied, Applied::Peak(_)));
+        let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
+        let m = replay_with(&trace, &alloc, ReplayOptions::default(), |i| dev.advance_clock(i));
+        let ops = m.driver_ops;
+        assert_eq!(m.failed_allocs, 0, "{name}");
+        let (allocs, creates) = (ops.alloc.calls, ops.create.calls);
+        if name == "default" {
+            assert!(
+                allocs >= 5 && creates <= 1,
+                "{name}: {allocs} allocations, {creates} handles"
+            );
+        } else {
+            assert!(
+                creates >= 5 && allocs <= 1,
+                "{name}: {allocs} allocations, {creates} handles"
+            );
+        }
+    }
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }

@@ -18,8 +18,9 @@ use adaptalloc_cli::trace::{PassTimes, ReplayMetrics};
 /// default model, and of the larger handles replayed (shaped to blocks, or sized to the memory
 /// free beyond the peak the run showed, given from the first request) the advice keeps the
 /// cheaper, the peak given. Under vmm-fast (7.6 us a create, but 20.8 us of access grant for
-/// each page a run maps) it is kept too. On a driver where a handle costs in proportion to its
-/// bytes (7.6 us a 2 MiB page, 3.9 ms a GiB) and the grant nothing, larger handles save nothing,
+/// each page a run maps) it is kept too. On a driver where a handle and an allocation cost in
+/// proportion to their bytes (7.6 us for 2 MiB, 3.9 ms a GiB) and the grant nothing, larger
+/// handles and whole slabs save nothing,
 /// blocks given back and created anew cost more than pages moved, and the advice is dropped.
 #[test]
 fn the_backing_advice_follows_the_prices() {
@@ -71,6 +72,10 @@ fn the_backing_advice_follows_the_prices() {
     let mut linear = CostModel::from_file(&vmm_fast).unwrap();
     linear.vmm.set_access_ns = CostCurve::flat(0);
     linear.vmm.create_ns = CostCurve {
+        points: vec![(ByteSize(2 * MIB), 7_600), (ByteSize(GIB), 7_600 * 512)],
+    };
+    // And a slab taken whole by one allocation no cheaper than its pages as handles.
+    linear.alloc = CostCurve {
         points: vec![(ByteSize(2 * MIB), 7_600), (ByteSize(GIB), 7_600 * 512)],
     };
     let cheap = advise(linear);

@@ -245,8 +245,10 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
 /// (`bounds.expected_peak`) and the footprint has stayed within it: that peak, as if the cycle
 /// had come back to it. None where no peak is given, or the footprint passed it (the engine
 /// then learns the peak as without one). With the peak each workload showed given, the 17 of
-/// `steady_eval` cost 312 ms over ten passes at 2x peak live, summed, with slabs backed `auto`
-/// (622 at 1.5x), against 6532 (8103) learning the peak and 222 (286) for PyTorch's allocator;
+/// `steady_eval` cost 183 ms over ten passes at 2x peak live, summed, with slabs backed `auto`
+/// (447 at 1.5x; 312 and 622 before a slab one handle would back whole could be one driver
+/// allocation where the prices say so), against 6532 (8103) learning the peak and 222 (286) for
+/// PyTorch's allocator;
 /// with pages, 6527 (6787: `small-churn`'s exact-size blocks while its peak was unknown, 1518
 /// ms, gone). Given 10% under the real peak, no run failed, and the first five passes cost
 /// 6462 ms summed at 1.5x with `auto`, against 8084 for the default.

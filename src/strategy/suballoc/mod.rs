@@ -34,7 +34,8 @@ use crate::size::{ALIGNMENT, GIB, MIB};
 /// handles (a create and a map each: 2 MiB pages make a 1 GiB slab 512 handles); large handles
 /// (an eighth of the slab) cost an eighth as many calls and release an eighth of the slab at a
 /// time; a whole slab is one driver allocation that goes back only when empty. `Auto` chooses
-/// per slab: one handle where the strand guard's budget left covers the whole slab, handles of
+/// per slab: one handle (or one driver allocation, where the prices say it costs no more) where
+/// the strand guard's budget left covers the whole slab, handles of
 /// up to 64 MiB while free memory stays above the tight threshold with the slab mapped, pages
 /// otherwise. `Blocks` shapes handles to blocks as they are placed. In policy files
 /// `suballoc.backing = "pages" | "auto" | "large-handles" | "blocks" | "whole"`.
@@ -49,7 +50,9 @@ pub enum SlabBacking {
     /// 1040 against 81 ms a pass in steady state, 44 against 45 failing runs of the robustness
     /// grid at passthrough's exact minimum), so a policy choosing `auto` may set the share to 0.5.
     /// Where the policy gives the workload's peak (`bounds.expected_peak`), the budget is all the
-    /// memory free beyond it from the first request.
+    /// memory free beyond it from the first request. A slab one handle would back whole is one
+    /// driver allocation instead where the prices the device has shown say that costs no more
+    /// ([`DriverOps::allocation_pays`](crate::device::DriverOps::allocation_pays)).
     Auto,
     /// A physical handle per device page.
     #[default]
