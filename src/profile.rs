@@ -126,6 +126,20 @@ pub enum Applied {
     Withheld,
 }
 
+impl Applied {
+    /// The run was given the profile's peak: it counts as one given it, not one that learned.
+    pub fn gave_peak(self) -> bool {
+        matches!(self, Applied::Peak(_))
+    }
+}
+
+/// The profile at `path`, where there is one, applied to `policy` on a device of `device_total`
+/// bytes ([`Profile::apply`]); None for a first run (no file). What `from_env` and
+/// `adaptalloc replay --profile` do at the start of a run.
+pub fn apply_file(path: &Path, policy: &mut Policy, device_total: u64) -> Result<Option<Applied>, ConfigError> {
+    Ok(Profile::read(path)?.map(|p| p.apply(policy, device_total)))
+}
+
 impl Profile {
     /// The profile in `text` (the contents of `file`); errors name the file, line and key.
     pub fn from_toml_str(text: &str, file: &str) -> Result<Self, ConfigError> {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use adaptalloc::Allocator;
 use adaptalloc::device::{CostModel, Device, SimDevice};
 use adaptalloc::policy::Policy;
-use adaptalloc::profile::{Applied, Profile};
+use adaptalloc::profile::{Applied, Profile, apply_file};
 use adaptalloc::size::GIB;
 use adaptalloc_cli::synth::WorkloadSpec;
 use adaptalloc_cli::trace::{ReplayMetrics, ReplayOptions, Trace, replay_with};
@@ -19,14 +19,15 @@ fn scratch(name: &str) -> PathBuf {
     dir.join("job.toml")
 }
 
-/// One run of `trace` (three passes) on a fresh device of `capacity` bytes, with the profile
-/// at `path` read first and updated when the allocator is dropped, as `from_env` does.
-fn run(trace: &Trace, capacity: u64, path: &Path) -> (Option<Applied>, ReplayMetrics) {
-    let dev = Arc::new(SimDevice::new(capacity));
+/// One run of `trace` (three passes) on a fresh device of `capacity` bytes priced by `cost`,
+/// with the profile at `path` read first and updated when the allocator is dropped, as
+/// `from_env` does.
+fn run_priced(trace: &Trace, capacity: u64, path: &Path, cost: CostModel) -> (Option<Applied>, ReplayMetrics) {
+    let dev = Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost).build());
     let mut policy = Policy::default();
-    let applied = Profile::read(path).unwrap().map(|p| p.apply(&mut policy, capacity));
+    let applied = apply_file(path, &mut policy, capacity).unwrap();
     let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
-    alloc.set_profile_path(Some(path.to_path_buf()), matches!(applied, Some(Applied::Peak(_))));
+    alloc.set_profile_path(Some(path.to_path_buf()), applied.is_some_and(Applied::gave_peak));
     let m = replay_with(
         trace,
         &alloc,
@@ -38,6 +39,11 @@ fn run(trace: &Trace, capacity: u64, path: &Path) -> (Option<Applied>, ReplayMet
     );
     drop(alloc);
     (applied, m)
+}
+
+/// [`run_priced`] under the default cost model.
+fn run(trace: &Trace, capacity: u64, path: &Path) -> (Option<Applied>, ReplayMetrics) {
+    run_priced(trace, capacity, path, CostModel::default())
 }
 
 /// The bundled training workload at twice its peak live: the first run backs its slabs with
@@ -110,12 +116,8 @@ fn whole_slabs_follow_the_prices() {
         ("default", CostModel::default()),
         ("vmm-fast", CostModel::from_file(&vmm_fast).unwrap()),
     ] {
-        let dev = Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost).build());
-        let mut policy = Policy::default();
-        let applied = Profile::read(&path).unwrap().unwrap().apply(&mut policy, capacity);
-        assert!(matches!(applied, Applied::Peak(_)));
-        let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
-        let m = replay_with(&trace, &alloc, ReplayOptions::default(), |i| dev.advance_clock(i));
+        let (applied, m) = run_priced(&trace, capacity, &path, cost);
+        assert!(applied.is_some_and(Applied::gave_peak), "{name}: {applied:?}");
         let ops = m.driver_ops;
         assert_eq!(m.failed_allocs, 0, "{name}");
         let (allocs, creates) = (ops.alloc.calls, ops.create.calls);

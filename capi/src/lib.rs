@@ -187,13 +187,13 @@ unsafe extern "C" {
 /// Whether the first failure to build an allocator from the environment was printed.
 static CONFIG_ERROR_PRINTED: AtomicBool = AtomicBool::new(false);
 
-/// The process that registered [`write_reports_at_exit`] (the tuning reports and profiles; 0:
+/// The process that registered [`write_files_at_exit`] (the tuning reports and profiles; 0:
 /// none yet).
 static REPORT_PID: AtomicU32 = AtomicU32::new(0);
 
-extern "C" fn write_reports_at_exit() {
+extern "C" fn write_files_at_exit() {
     if REPORT_PID.load(Ordering::Acquire) != std::process::id() {
-        return; // a forked child: the reports are its parent's to write
+        return; // a forked child: the files are its parent's to write
     }
     let _ = catch_unwind(|| {
         // Each device's report and profile, at the paths from_env_device gave it.
@@ -254,7 +254,7 @@ fn allocator(device: c_int) -> Result<&'static Allocator, String> {
             .is_ok()
     {
         // SAFETY: registers a plain extern "C" function with no captured state.
-        unsafe { atexit(write_reports_at_exit) };
+        unsafe { atexit(write_files_at_exit) };
     }
     Ok(slot.get_or_init(|| alloc))
 }

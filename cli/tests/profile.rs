@@ -21,12 +21,13 @@ fn a_second_replay_with_the_profile_is_given_the_peak_and_pays_less() {
     ok(&["synth", "training", "--out", trace.to_str().unwrap()]);
     let prof = tmp("job.toml");
     let _ = std::fs::remove_file(&prof);
-    let replay = || {
+    // A replay with the profile on a device of `capacity` ("--capacity-factor 2", ...).
+    let replay = |capacity: [&str; 2]| {
         ok(&[
             "replay",
             trace.to_str().unwrap(),
-            "--capacity-factor",
-            "2",
+            capacity[0],
+            capacity[1],
             "--profile",
             prof.to_str().unwrap(),
         ])
@@ -38,12 +39,12 @@ fn a_second_replay_with_the_profile_is_given_the_peak_and_pays_less() {
             .collect::<Vec<_>>()
             .join("\n")
     };
-    let first = replay();
+    let first = replay(["--capacity-factor", "2"]);
     assert!(
         said(&first).ends_with("over 1 runs.") && !said(&first).contains("given"),
         "{first}"
     );
-    let second = replay();
+    let second = replay(["--capacity-factor", "2"]);
     assert!(
         said(&second).contains("given.") && said(&second).ends_with("over 2 runs."),
         "{second}"
@@ -60,14 +61,7 @@ fn a_second_replay_with_the_profile_is_given_the_peak_and_pays_less() {
         "{file}"
     );
     // On a device of another size it is not used, and replaced by one for that device.
-    let other = ok(&[
-        "replay",
-        trace.to_str().unwrap(),
-        "--capacity",
-        "40GiB",
-        "--profile",
-        prof.to_str().unwrap(),
-    ]);
+    let other = replay(["--capacity", "40GiB"]);
     assert!(
         said(&other).contains("not used (OtherDevice") && said(&other).ends_with("over 1 runs."),
         "{other}"

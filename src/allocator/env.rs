@@ -9,7 +9,7 @@ use super::{Allocator, Shared};
 use crate::device::Device;
 use crate::error::ConfigError;
 use crate::policy::Policy;
-use crate::profile::{Applied, PROFILE_ENV, Profile, RunSummary};
+use crate::profile::{PROFILE_ENV, RunSummary};
 use crate::report::report_path_for_device;
 
 /// Where a run's files go when it ends.
@@ -54,10 +54,9 @@ impl Allocator {
         let profile = env_path(PROFILE_ENV).map(|p| report_path_for_device(&p, ordinal));
         let mut profile_given = false;
         if let (Some(path), Some(total)) = (&profile, total)
-            && let Some(p) = Profile::read(path)?
+            && let Some(applied) = crate::profile::apply_file(path, &mut policy, total)?
         {
-            let applied = p.apply(&mut policy, total);
-            profile_given = matches!(applied, Applied::Peak(_));
+            profile_given = applied.gave_peak();
             crate::profile::log_applied(path, applied);
         }
         let alloc = Self::with_policy(device, policy);
@@ -76,8 +75,8 @@ impl Allocator {
 
     /// Updates the workload profile at `path` (see [`crate::profile`]) when the last clone of
     /// this allocator is dropped. Reading one at the start is [`from_env`](Self::from_env)'s
-    /// (or [`Profile::apply`] on the policy given to [`with_policy`](Self::with_policy)).
-    /// `given`: the policy was given the profile's peak ([`Applied::Peak`]), which decides
+    /// (or [`apply_file`](crate::profile::apply_file) on the policy given to [`with_policy`](Self::with_policy)).
+    /// `given`: the policy was given the profile's peak ([`Applied::Peak`](crate::profile::Applied::Peak)), which decides
     /// whether the run counts as one that learned its peak or one that was given it.
     pub fn set_profile_path(&self, path: Option<PathBuf>, given: bool) {
         let mut exit = self.shared.exit.lock();

@@ -2,7 +2,7 @@
 //! by page), giving one back, and the list of wholly free slabs kept for reuse.
 
 use super::{NIL, Node, PageMap, Slab, SlabBacking, Suballoc, USED};
-use crate::device::{Device, VirtualMemory};
+use crate::device::Device;
 use crate::error::DeviceError;
 use crate::size::{ALIGNMENT, MIB, round_up};
 
@@ -42,16 +42,6 @@ impl Suballoc {
         }
     }
 
-    /// A slab of `size` bytes that one handle would back whole (`SlabBacking::Auto` within the
-    /// strand budget) is one driver allocation instead where the prices say that costs no more
-    /// ([`DriverOps::allocation_pays`](crate::device::DriverOps::allocation_pays)): it goes back
-    /// whole either way, once no live block is left in it.
-    fn backed_whole(&self, dev: &dyn Device, vmm: &dyn VirtualMemory, size: u64) -> bool {
-        let page = vmm.page_size();
-        let size = round_up(size, page);
-        size > page && self.handle_for(page, size) == size && dev.stats().ops.allocation_pays()
-    }
-
     #[cold]
     pub(super) fn new_slab(&mut self, dev: &dyn Device, bytes: u64, pool: u8) -> Result<u32, DeviceError> {
         let granule = dev.granularity().max(ALIGNMENT);
@@ -78,13 +68,26 @@ impl Suballoc {
             round_up(count.saturating_mul(bytes), granule).min(max_slab)
         };
         let preferred = preferred.min(limit).max(exact);
-        let (base, size, page_map) = match self.vmm_for_new(dev).filter(|&v| !self.backed_whole(dev, v, preferred)) {
-            Some(vmm) => {
+        // The handle the slab would be mapped in; a slab one handle would back whole
+        // (`SlabBacking::Auto` within the strand budget) is one driver allocation instead where
+        // the prices say that costs no more (`DriverOps::allocation_pays`): it goes back whole
+        // either way, once no live block is left in it.
+        let paged = self
+            .vmm_for_new(dev)
+            .map(|vmm| {
+                let page = vmm.page_size();
+                let whole = round_up(preferred, page);
+                (vmm, page, whole, self.handle_for(page, whole))
+            })
+            .filter(|&(_, page, whole, handle)| {
+                !(whole > page && handle == whole && dev.stats().ops.allocation_pays())
+            });
+        let (base, size, page_map) = match paged {
+            Some((vmm, page, _, handle)) => {
                 // Address space is free: reserve the whole slab, map what fits (all of it, or
                 // just the request's handles on a tight device; nothing yet under
                 // `SlabBacking::Blocks`).
-                let page = vmm.page_size();
-                let mut handle = self.handle_for(page, round_up(preferred, page));
+                let mut handle = handle;
                 let preferred = round_up(preferred, handle);
                 let base = vmm.reserve(preferred)?;
                 let (mut pm, mapped) = if self.config.backing == SlabBacking::Blocks {

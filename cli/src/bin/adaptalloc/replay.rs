@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use adaptalloc::device::{Device, Granularity};
 use adaptalloc::policy::Policy;
-use adaptalloc::profile::{Applied, Profile, RunSummary};
+use adaptalloc::profile::{Applied, RunSummary};
 use adaptalloc::size::ByteSize;
 use adaptalloc_cli::advice::run_with_advice;
 use adaptalloc_cli::compare::{CompareOptions, Contender};
@@ -81,10 +81,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (mut profile_note, mut given) = (String::new(), false);
     if let (Some(path), Some(policy)) = (&args.profile, policy.as_mut())
-        && let Some(p) = Profile::read(path)?
+        && let Some(applied) = adaptalloc::profile::apply_file(path, policy, capacity)?
     {
-        let applied = p.apply(policy, capacity);
-        given = matches!(applied, Applied::Peak(_));
+        given = applied.gave_peak();
         profile_note = match applied {
             Applied::Peak(peak) => format!("Profile {}: peak {} given.\n", path.display(), ByteSize(peak)),
             other => format!("Profile {}: not used ({other:?}).\n", path.display()),
