@@ -156,6 +156,9 @@ pub(crate) struct Plan {
     pub peak_known: bool,
     /// The peak is the one the policy gives (`bounds.expected_peak`), the footprint within it.
     pub peak_given: bool,
+    /// The given peak's footprint (0 where the peak is learned): pinned memory up to it is not
+    /// stranding to the guard ([`Suballoc::set_strand_floor`](crate::strategy::Suballoc::set_strand_floor)).
+    pub strand_floor: u64,
 }
 
 /// The plan for one sample. Pure: the same inputs always give the same plan.
@@ -238,6 +241,16 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         growth: if tight { lim.growth } else { lim.loose_growth },
         peak_known: known,
         peak_given: given,
+        // A given peak with room: what live blocks pin below its footprint the peak fills, so
+        // the guard does not count it as stranded. Counted, slabs backed whole under `auto`
+        // stranded more than all the memory free beyond the peak at every step's low point, and
+        // the guard refused the empty slabs held for the next step: `gpu-medium-ctx512-train`
+        // at 1.5x peak live paid 22.1 ms a pass where learning the peak paid none (1035 driver
+        // allocations over ten passes; now 33); the 17 workloads given their peaks, ten passes
+        // at 1.5x, 447 -> 216 ms (2x the same). Not near the capacity (no [`peak_known`]):
+        // there the floor failed requests with the exact peak given at passthrough's minimum
+        // (3 of 17, `scripts/short-peak.sh` 1.0), which pages complete; without it, none.
+        strand_floor: if given && known { s.footprint_peak } else { 0 },
     }
 }
 
@@ -246,9 +259,9 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
 /// had come back to it. None where no peak is given, or the footprint passed it (the engine
 /// then learns the peak as without one). With the peak each workload showed given, the 17 of
 /// `steady_eval` cost 183 ms over ten passes at 2x peak live, summed, with slabs backed `auto`
-/// (447 at 1.5x; 312 and 622 before a slab one handle would back whole could be one driver
-/// allocation where the prices say so), against 6532 (8103) learning the peak and 222 (286) for
-/// PyTorch's allocator;
+/// (216 at 1.5x; 312 and 622 before a slab one handle would back whole could be one driver
+/// allocation where the prices say so, 447 at 1.5x before the strand floor below), against
+/// 6532 (8103) learning the peak and 222 (286) for PyTorch's allocator;
 /// with pages, 6527 (6787: `small-churn`'s exact-size blocks while its peak was unknown, 1518
 /// ms, gone). Given 10% under the real peak, no run failed, and the first five passes cost
 /// 6462 ms summed at 1.5x with `auto`, against 8084 for the default.

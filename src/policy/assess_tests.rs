@@ -144,7 +144,7 @@ fn rules() {
         fn(&mut Sample, &mut Limits, &mut Prior),
         fn(&Plan) -> bool,
     );
-    let rows: [Row; 31] = [
+    let rows: [Row; 34] = [
         (
             "cycle: footprint under half its peak after the first interval",
             |s, _, _| s.footprint = 4 * GIB,
@@ -317,6 +317,21 @@ fn rules() {
             "tight is entered on free memory alone: the cache's idle blocks do not count",
             |s, _, _| (s.free, s.cached_idle, s.stranded) = (7 * GIB, 8 * GIB, 2 * GIB),
             |p| p.tight,
+        ),
+        (
+            "a peak given with room: what blocks pin up to its footprint is not stranding",
+            |_, l, _| l.expected_peak = Some(12 * GIB),
+            |p| p.peak_given && p.peak_known && p.strand_floor == 12 * GIB,
+        ),
+        (
+            "a peak given near the capacity: everything pinned past the live blocks' footprint counts",
+            |s, l, _| (s.free, s.reserved, l.expected_peak) = (GIB, 11 * GIB, Some(11 * GIB)),
+            |p| p.peak_given && !p.peak_known && p.strand_floor == 0,
+        ),
+        (
+            "a peak learned, known with room: everything pinned past the live blocks' footprint counts",
+            |s, _, _| (s.free, s.peak_recurred) = (7 * GIB, true),
+            |p| !p.peak_given && p.peak_known && p.strand_floor == 0,
         ),
     ];
     for (name, change, expect) in rows {

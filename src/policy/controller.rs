@@ -361,6 +361,7 @@ impl Engine {
         for st in strategies.iter_mut() {
             if let Strategy::Suballoc(sub) = st {
                 sub.set_strand_budget(plan.strand_budget);
+                sub.set_strand_floor(plan.strand_floor);
                 sub.set_slab_limit(plan.slab_limit);
                 sub.set_roomy_above(plan.roomy_above);
                 sub.set_segregate(plan.segregate);

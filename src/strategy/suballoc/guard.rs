@@ -25,15 +25,16 @@ impl Suballoc {
     ) -> bool {
         let granule = self.model.map_or_else(|| dev.granularity(), |m| m.large_granule);
         let worst = bytes + 2 * granule;
-        let within = self.acct.pinned() + worst <= self.acct.consumed() + footprint + budget;
+        // What live blocks will consume with this one, at least the given peak's footprint.
+        let consumed = (self.acct.consumed() + footprint).max(self.strand_floor);
+        let within = self.acct.pinned() + worst <= consumed + budget;
         // Under `SlabBacking::Blocks` a block may pin an idle handle larger than its own pages:
         // the quick test holds only where no such handle is there.
         if within && (self.config.backing != SlabBacking::Blocks || !self.may_overhang(found)) {
             return false;
         }
         let pinned = self.would_pin(dev, found, pad, bytes);
-        let (pinned_now, consumed_now) = (self.acct.pinned(), self.acct.consumed());
-        pinned > footprint && (pinned_now + pinned).saturating_sub(consumed_now + footprint) > budget
+        pinned > footprint && (self.acct.pinned() + pinned).saturating_sub(consumed) > budget
     }
 
     /// What a block of `bytes` placed `pad` into free node `found` (a new slab when None)

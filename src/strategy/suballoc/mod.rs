@@ -193,6 +193,9 @@ pub struct Suballoc {
     /// When set, a placement that would leave `pinned` over `consumed` by more than this is
     /// refused ([`Suballoc::allocate_guarded`]).
     strand_budget: Option<u64>,
+    /// Pinned memory up to this many bytes is not counted as stranded by the guard: the
+    /// workload's given peak, which its blocks will fill ([`set_strand_floor`](Suballoc::set_strand_floor)).
+    strand_floor: u64,
     /// The engine knows the workload's peak: idle pages are moved where new ones would pass
     /// the slab limit whatever the prices ([`set_peak_known`](Suballoc::set_peak_known)).
     peak_known: bool,
@@ -231,6 +234,7 @@ impl Suballoc {
             frozen: false,
             pages: Vec::new(),
             strand_budget: None,
+            strand_floor: 0,
             peak_known: false,
             model: None,
             released_over_bound: 0,
@@ -394,6 +398,16 @@ impl Suballoc {
     /// `slab_limit`).
     pub fn set_slab_limit(&mut self, limit: u64) {
         self.slab_limit = limit;
+    }
+
+    /// The footprint the workload's blocks will fill at its peak, where the policy gives the
+    /// peak (`bounds.expected_peak`), else 0: the strand guard counts as stranded only what
+    /// live blocks pin beyond both their own footprint and this. Memory a block pins below the
+    /// peak's footprint is memory the peak needs held anyway; counting it kept a workload given
+    /// its peak from placing blocks in empty slabs it held off-peak (each refusal a driver
+    /// allocation and, later, a free).
+    pub fn set_strand_floor(&mut self, floor: u64) {
+        self.strand_floor = floor;
     }
 
     /// The workload's peak is known (its footprint came back to it): a page given back where a

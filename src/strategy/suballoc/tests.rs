@@ -397,3 +397,39 @@ fn a_known_peak_moves_pages_whatever_the_prices() {
         assert_eq!(dev.leak_report().blocks, 0);
     }
 }
+
+/// The strand guard counts as stranded only what live blocks pin beyond both their footprint
+/// and the given peak's (`set_strand_floor`): an empty whole slab held below the peak takes a
+/// block that, counted against the live blocks alone, would pin it over the budget and be
+/// refused (a driver allocation each, where the engine falls back to exact-size blocks).
+#[test]
+fn the_strand_floor_lets_held_slabs_take_blocks_below_the_peak() {
+    let config = SuballocConfig {
+        page_release: false,
+        min_slab: 64 * MIB,
+        max_empty_bytes: u64::MAX,
+        ..SuballocConfig::default()
+    };
+    for floor in [0, 128 * MIB] {
+        let dev = SimDevice::new(GIB);
+        let mut sub = Suballoc::new(config);
+        let x = sub.allocate(&dev, 64 * MIB, 0).unwrap();
+        let y = sub.allocate(&dev, 64 * MIB, 0).unwrap();
+        assert_eq!(dev.used_bytes(), 128 * MIB, "two whole slabs of 64 MiB");
+        sub.deallocate(&dev, y.meta, 0, 1);
+        sub.set_strand_budget(Some(2 * MIB));
+        sub.set_strand_floor(floor);
+        let z = sub.allocate_guarded(&dev, 8 * MIB, 0).unwrap();
+        match floor {
+            0 => assert!(z.is_none(), "8 MiB would pin 64: 56 stranded against a budget of 2"),
+            _ => {
+                let z = z.expect("below the peak's footprint nothing is stranded");
+                assert_eq!(dev.used_bytes(), 128 * MIB, "placed in the empty slab held");
+                sub.deallocate(&dev, z.meta, 0, 2);
+            }
+        }
+        sub.deallocate(&dev, x.meta, 0, 3);
+        sub.release_empty_slabs(&dev, 0);
+        assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0), "floor {floor}");
+    }
+}
