@@ -41,15 +41,17 @@ pub struct Profile {
     /// that size.
     pub device_total_bytes: u64,
     /// The largest peak footprint of those runs (what plain cudaMalloc would have held at the
-    /// workload's highest): given to the next run as `bounds.expected_peak`.
+    /// workload's highest): given to the next run as `bounds.expected_peak`, only while it
+    /// stays within nine tenths of the device, as the tuning report's advice gives it
+    /// ([`within_margin`](crate::report::within_margin)): nearer the capacity a handle larger
+    /// than a page can strand the next request where pages would not.
     pub peak_footprint_bytes: u64,
-    /// The most any run held from the device at once. The peak is given only while this stays
-    /// within nine tenths of the device, as the tuning report's advice gives it: nearer the
-    /// capacity a handle larger than a page can strand the next request where pages would not.
+    /// The most any run held from the device at once (the footprint and what the policy kept
+    /// idle besides): for the reader; it decides nothing.
     pub peak_reserved_bytes: u64,
-    /// Some run ran short of memory (a request failed, an out-of-memory was recovered, or free
-    /// memory fell under the low watermark): the peak is then not given, as the tuning report's
-    /// advice does not give it.
+    /// Some run ran out of memory ([`TuningReport::ran_out`](crate::report::TuningReport::ran_out):
+    /// a request failed, or was served only after idle memory was given back): the peak is
+    /// then not given.
     pub ran_short: bool,
     /// Idle memory the policy's bounds gave back per million operations in the last run that
     /// learned its peak (was not given it).
@@ -76,7 +78,7 @@ pub struct RunSummary {
     pub released_by_bounds: u64,
     /// Allocations and frees.
     pub operations: u64,
-    /// Memory ran short ([`crate::report::TuningReport::ran_short`]).
+    /// Memory ran out ([`crate::report::TuningReport::ran_out`]).
     pub ran_short: bool,
     /// The run was given the profile's peak ([`Applied::Peak`]).
     pub given: bool,
@@ -91,7 +93,7 @@ impl RunSummary {
             peak_reserved: report.memory.peak_reserved_bytes,
             released_by_bounds: report.bytes_released_by_bounds,
             operations: report.operations,
-            ran_short: report.ran_short(),
+            ran_short: report.ran_out(),
             given,
         }
     }
@@ -118,8 +120,8 @@ pub enum Applied {
     /// The policy does not back slabs by pages under the adaptive engine (a fixed strategy,
     /// `page_release = false`, or another `suballoc.backing`): a profile changes nothing.
     NotPaged,
-    /// A run held more than nine tenths of the device, or ran short of memory: pages keep the
-    /// last margin.
+    /// The workload's peak footprint is over nine tenths of the device, or a run ran out of
+    /// memory: pages keep the last margin.
     NearCapacity,
     /// A run given the peak gave back and took again more than the learning run
     /// ([`Profile::give_peak`] is false).
@@ -203,7 +205,7 @@ impl Profile {
         if !self.give_peak {
             return Applied::Withheld;
         }
-        if self.ran_short || !crate::report::within_margin(self.peak_reserved_bytes, device_total) {
+        if self.ran_short || !crate::report::within_margin(self.peak_footprint_bytes, device_total) {
             return Applied::NearCapacity;
         }
         if policy.routing.mode != RoutingMode::Adaptive
@@ -326,7 +328,7 @@ pub fn log_applied(path: &Path, applied: Applied) {
         ),
         Applied::NearCapacity => tracing::info!(
             %file,
-            "profile: a run held more than nine tenths of the device or ran short of memory; pages keep the last margin, the peak is not given"
+            "profile: the workload's peak footprint is over nine tenths of the device, or a run ran out of memory; pages keep the last margin, the peak is not given"
         ),
         Applied::Withheld => tracing::info!(
             %file,
@@ -402,24 +404,25 @@ mod tests {
             assert_eq!(p, before);
         }
         let near = Profile {
-            peak_reserved_bytes: 73 * GIB,
+            peak_footprint_bytes: 73 * GIB,
             ..prof.clone()
         };
         let mut p = Policy::default();
         assert_eq!(
             near.apply(&mut p, 80 * GIB),
             Applied::NearCapacity,
-            "over nine tenths held"
+            "a footprint over nine tenths"
         );
         assert_eq!(p, Policy::default());
         let edge = Profile {
-            peak_reserved_bytes: 72 * GIB,
+            peak_footprint_bytes: 72 * GIB,
+            peak_reserved_bytes: 80 * GIB,
             ..prof.clone()
         };
         assert_eq!(
             edge.apply(&mut p, 80 * GIB),
-            Applied::Peak(20 * GIB),
-            "nine tenths held"
+            Applied::Peak(72 * GIB),
+            "a footprint of nine tenths, whatever was held idle besides"
         );
         let withheld = Profile {
             give_peak: false,
