@@ -156,8 +156,9 @@ pub(crate) struct Plan {
     pub peak_known: bool,
     /// The peak is the one the policy gives (`bounds.expected_peak`), the footprint within it.
     pub peak_given: bool,
-    /// The given peak's footprint (0 where the peak is learned): pinned memory up to it is not
-    /// stranding to the guard ([`Suballoc::set_strand_floor`](crate::strategy::Suballoc::set_strand_floor)).
+    /// The given peak's footprint where it is known with room ([`peak_known`]); 0 where the
+    /// peak is learned, or leaves less than a quarter of it free beyond it: pinned memory up to
+    /// it is not stranding to the guard ([`Suballoc::set_strand_floor`](crate::strategy::Suballoc::set_strand_floor)).
     pub strand_floor: u64,
 }
 
