@@ -305,35 +305,42 @@ pub fn record(path: &Path, run: RunSummary) -> Result<Option<Profile>, ConfigErr
     Ok(Some(new))
 }
 
-/// Says in the log what [`Profile::apply`] did (info where it gave a peak, else why not).
+/// What [`Profile::apply`] did, as the log and `adaptalloc replay --profile` say it.
+impl std::fmt::Display for Applied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Applied::Peak(peak) => write!(
+                f,
+                "the peak earlier runs showed is given from the first request ({}: bounds.expected_peak, backing \"auto\")",
+                ByteSize(peak)
+            ),
+            Applied::OtherDevice { profiled } => write!(
+                f,
+                "made on a device of {}, another size; not used (this run's end writes one for this device)",
+                ByteSize(profiled)
+            ),
+            Applied::PolicyGivesPeak => f.write_str("the policy gives bounds.expected_peak itself; not used"),
+            Applied::NotPaged => f.write_str(
+                "the policy does not back slabs by pages under the adaptive engine; not used (it would change nothing)",
+            ),
+            Applied::NearCapacity => f.write_str(
+                "the workload's peak footprint is over nine tenths of the device, or a run ran out of memory; \
+                 not used (pages keep the last margin)",
+            ),
+            Applied::Withheld => f.write_str(
+                "a run given the peak kept giving memory back and taking it again; not used (delete the file to try again)",
+            ),
+        }
+    }
+}
+
+/// Says in the log what [`Profile::apply`] did: a warning for a profile of another device, else
+/// info.
 pub fn log_applied(path: &Path, applied: Applied) {
     let file = path.display();
     match applied {
-        Applied::Peak(peak) => tracing::info!(
-            %file,
-            peak = %ByteSize(peak),
-            "profile: the peak earlier runs showed is given from the first request (bounds.expected_peak, backing \"auto\")"
-        ),
-        Applied::OtherDevice { profiled } => tracing::warn!(
-            %file,
-            profiled = %ByteSize(profiled),
-            "profile: made on a device of another size; not used (this run's end writes one for this device)"
-        ),
-        Applied::PolicyGivesPeak => {
-            tracing::info!(%file, "profile: the policy gives bounds.expected_peak itself; the profile is not used")
-        }
-        Applied::NotPaged => tracing::info!(
-            %file,
-            "profile: the policy does not back slabs by pages under the adaptive engine; the profile changes nothing"
-        ),
-        Applied::NearCapacity => tracing::info!(
-            %file,
-            "profile: the workload's peak footprint is over nine tenths of the device, or a run ran out of memory; pages keep the last margin, the peak is not given"
-        ),
-        Applied::Withheld => tracing::info!(
-            %file,
-            "profile: a run given the peak kept giving memory back and taking it again; the peak is not given (delete the file to try again)"
-        ),
+        Applied::OtherDevice { .. } => tracing::warn!(%file, "profile: {applied}"),
+        _ => tracing::info!(%file, "profile: {applied}"),
     }
 }
 

@@ -243,12 +243,10 @@ fn allocator(device: c_int) -> Result<&'static Allocator, String> {
         _ => Arc::new(CudaDevice::new(device).map_err(|e| format!("device {device}: {e}"))?),
     };
     let alloc = Allocator::from_env_device(dev, device).map_err(|e| loud(e.to_string()))?;
-    // The process that first reads ADAPTALLOC_REPORT or ADAPTALLOC_PROFILE writes the files; a
-    // child made by fork() inherits the hook and this mark, and writes none (it would overwrite
-    // its parent's).
-    if ["ADAPTALLOC_REPORT", "ADAPTALLOC_PROFILE"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
+    // The process whose first allocator has a report or a profile to write (ADAPTALLOC_REPORT,
+    // ADAPTALLOC_PROFILE, as from_env_device read them) writes the files; a child made by fork()
+    // inherits the hook and this mark, and writes none (it would overwrite its parent's).
+    if alloc.has_exit_files()
         && REPORT_PID
             .compare_exchange(0, std::process::id(), Ordering::AcqRel, Ordering::Acquire)
             .is_ok()

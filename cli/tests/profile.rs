@@ -46,7 +46,7 @@ fn a_second_replay_with_the_profile_is_given_the_peak_and_pays_less() {
     );
     let second = replay(["--capacity-factor", "2"]);
     assert!(
-        said(&second).contains("given.") && said(&second).ends_with("over 2 runs."),
+        said(&second).contains("given from the first request") && said(&second).ends_with("over 2 runs."),
         "{second}"
     );
     assert!(
@@ -63,7 +63,7 @@ fn a_second_replay_with_the_profile_is_given_the_peak_and_pays_less() {
     // On a device of another size it is not used, and replaced by one for that device.
     let other = replay(["--capacity", "40GiB"]);
     assert!(
-        said(&other).contains("not used (OtherDevice") && said(&other).ends_with("over 1 runs."),
+        said(&other).contains("another size; not used") && said(&other).ends_with("over 1 runs."),
         "{other}"
     );
 }

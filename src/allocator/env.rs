@@ -84,6 +84,13 @@ impl Allocator {
         exit.profile_given = given;
     }
 
+    /// Whether a tuning report or a workload profile is to be written when the run ends
+    /// ([`from_env`](Self::from_env) read a path for one, or one was set since).
+    pub fn has_exit_files(&self) -> bool {
+        let exit = self.shared.exit.lock();
+        exit.report.is_some() || exit.profile.is_some()
+    }
+
     /// Writes the tuning report and updates the profile now, where paths are set; a later
     /// drop writes neither again. For hosts whose allocator is never dropped (the C ABI writes
     /// at process exit). Failures are logged.

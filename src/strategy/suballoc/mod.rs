@@ -402,11 +402,10 @@ impl Suballoc {
 
     /// The footprint the workload's blocks will fill at its peak, where the policy gives the
     /// peak (`bounds.expected_peak`) and a quarter of it is free beyond it, else 0: the strand
-    /// guard counts as stranded only what
-    /// live blocks pin beyond both their own footprint and this. Memory a block pins below the
-    /// peak's footprint is memory the peak needs held anyway; counting it kept a workload given
-    /// its peak from placing blocks in empty slabs it held off-peak (each refusal a driver
-    /// allocation and, later, a free).
+    /// guard counts as stranded only what live blocks pin beyond both their own footprint and
+    /// this. Memory a block pins below the peak's footprint is memory the peak needs held
+    /// anyway; counting it kept a workload given its peak from placing blocks in empty slabs it
+    /// held off-peak (each refusal a driver allocation and, later, a free).
     pub fn set_strand_floor(&mut self, floor: u64) {
         self.strand_floor = floor;
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use adaptalloc::device::{Device, Granularity};
 use adaptalloc::policy::Policy;
-use adaptalloc::profile::{Applied, RunSummary};
+use adaptalloc::profile::RunSummary;
 use adaptalloc::size::ByteSize;
 use adaptalloc_cli::advice::run_with_advice;
 use adaptalloc_cli::compare::{CompareOptions, Contender};
@@ -84,10 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         && let Some(applied) = adaptalloc::profile::apply_file(path, policy, capacity)?
     {
         given = applied.gave_peak();
-        profile_note = match applied {
-            Applied::Peak(peak) => format!("Profile {}: peak {} given.\n", path.display(), ByteSize(peak)),
-            other => format!("Profile {}: not used ({other:?}).\n", path.display()),
-        };
+        profile_note = format!("Profile {}: {applied}.\n", path.display());
     }
     let (m, dev, report) = match (policy, contender) {
         (Some(policy), _) => {
