@@ -144,7 +144,7 @@ fn rules() {
         fn(&mut Sample, &mut Limits, &mut Prior),
         fn(&Plan) -> bool,
     );
-    let rows: [Row; 34] = [
+    let rows: [Row; 37] = [
         (
             "cycle: footprint under half its peak after the first interval",
             |s, _, _| s.footprint = 4 * GIB,
@@ -275,8 +275,37 @@ fn rules() {
         ),
         (
             "tight where the peak has recurred with less than a quarter of it free at the peak",
-            |s, _, _| (s.free, s.reserved, s.stranded, s.peak_recurred) = (GIB, 11 * GIB, GIB, true),
+            |s, _, _| {
+                (s.free, s.reserved, s.reserved_peak, s.stranded, s.peak_recurred) =
+                    (GIB, 11 * GIB, 11 * GIB, GIB, true)
+            },
             |p| p.tight && p.spare < 10 * GIB / 4,
+        ),
+        (
+            "not tight once the cycle ran at its peak with what was held leaving the floor free",
+            // 3 + 11 GiB the allocator could hold, 11 held at the highest: 3 GiB over the
+            // 2 GiB headroom, however much the slabs strand.
+            |s, _, _| {
+                (s.free, s.reserved, s.reserved_peak, s.stranded, s.peak_recurred) =
+                    (3 * GIB, 11 * GIB, 11 * GIB, GIB, true)
+            },
+            |p| !p.tight && !p.peak_known,
+        ),
+        (
+            "tight where what was held at the cycle's peak left less than the floor free",
+            |s, _, _| {
+                (s.free, s.reserved, s.reserved_peak, s.stranded, s.peak_recurred) =
+                    (3 * GIB, 11 * GIB, 12 * GIB + 512 * MIB, GIB, true)
+            },
+            |p| p.tight && !p.peak_known,
+        ),
+        (
+            "a peak given near the capacity is not a cycle that ran: tight as without it",
+            |s, l, _| {
+                (s.free, s.reserved, s.reserved_peak, s.stranded) = (3 * GIB, 11 * GIB, 11 * GIB, GIB);
+                l.expected_peak = Some(12 * GIB);
+            },
+            |p| p.tight && p.peak_given && !p.peak_known,
         ),
         (
             "a tiny device is tight however the peak recurs",

@@ -188,7 +188,8 @@ pub struct BoundsPolicy {
     /// cache's idle blocks, is over 1.5x this, or the slabs strand at most a quarter of the budget.
     /// Never tight once the workload's footprint has come back to its peak (its cycle repeats)
     /// with a quarter of the peak free at it, unless the device has under 8 pages or slabs are
-    /// backed whole.
+    /// backed whole; nor, with slabs backed by pages, once what the allocator held at its
+    /// highest leaves the headroom free (the cycle ran with its stranding).
     pub tight_below: SizeOrFraction,
     /// Idle blocks and empty slabs not reused within this many operations are released (0: never).
     pub idle_age_ops: u64,
