@@ -455,7 +455,8 @@ fn strand_budget(lim: &Limits, spare: u64, known: bool, given: bool) -> Option<u
 /// the robustness grid the same. Counting them on entering too (454 ms a pass) failed
 /// `churn 512..1MiB` at two more capacities from 1.03x and `small-churn` (seed 4) at 1.05x.
 ///
-/// Never tight once the peak is known ([`peak_known`]).
+/// Never tight once the peak is known ([`peak_known`]), nor once the cycle has run with its
+/// layout ([`layout_fits`]): `assess` asks those first.
 fn tight(s: &Sample, lim: &Limits, was: bool, budget: Option<u64>) -> bool {
     let strands = |div: u64| lim.tiny_device || budget.is_none_or(|b| s.stranded > b / div);
     if was {
