@@ -50,6 +50,19 @@ fn bundled_at(name: &str, factor: f64) -> (Trace, u64) {
     (t, cap)
 }
 
+/// The tuning report of the zero-configuration allocator after `repeat` passes of `t` on a
+/// fresh device of `cap` bytes.
+fn adaptive_report(t: &Trace, cap: u64, repeat: u32) -> adaptalloc::report::TuningReport {
+    let dev = std::sync::Arc::new(adaptalloc::SimDevice::new(cap));
+    let alloc = adaptalloc::Allocator::adaptive(dev as std::sync::Arc<dyn adaptalloc::device::Device>);
+    let replay = adaptalloc_cli::trace::ReplayOptions {
+        repeat,
+        ..Default::default()
+    };
+    adaptalloc_cli::trace::replay_with(t, &alloc, replay, |_| ());
+    alloc.report().unwrap()
+}
+
 fn is_training(t: &Trace) -> bool {
     t.name.contains("train") || t.name == "training"
 }
@@ -296,14 +309,7 @@ fn a_repeating_churn_with_room_at_its_peak_is_not_tight() {
     assert_share_of_passthrough("small-churn at 1.5x peak live", &ours, &pass, 2000);
     // The tuning report says that small requests went back to slabs and stayed there: the last
     // route change of the small classes sends them back, before the second pass is over.
-    let dev = std::sync::Arc::new(adaptalloc::SimDevice::new(cap));
-    let alloc = adaptalloc::Allocator::adaptive(dev as std::sync::Arc<dyn adaptalloc::device::Device>);
-    let replay = adaptalloc_cli::trace::ReplayOptions {
-        repeat: 3,
-        ..Default::default()
-    };
-    adaptalloc_cli::trace::replay_with(&t, &alloc, replay, |_| ());
-    let report = alloc.report().unwrap();
+    let report = adaptive_report(&t, cap, 3);
     let last = report.route_changes.iter().rev().find(|c| c.class == "all under 1MiB");
     assert!(
         last.is_some_and(|c| c.reason.ends_with("small requests back to slabs") && c.op < 2 * t.events.len() as u64),
@@ -341,14 +347,7 @@ fn a_cycle_that_ran_with_its_layout_is_not_tight_again() {
     ));
     assert_eq!(ours.failed_allocs, 0);
     assert!(steady_ns(&ours) <= 500_000, "{} ns a pass", steady_ns(&ours));
-    let dev = std::sync::Arc::new(adaptalloc::SimDevice::new(cap));
-    let alloc = adaptalloc::Allocator::adaptive(dev as std::sync::Arc<dyn adaptalloc::device::Device>);
-    let replay = adaptalloc_cli::trace::ReplayOptions {
-        repeat: 10,
-        ..Default::default()
-    };
-    adaptalloc_cli::trace::replay_with(&t, &alloc, replay, |_| ());
-    let report = alloc.report().unwrap();
+    let report = adaptive_report(&t, cap, 10);
     let late_tight: Vec<_> = report
         .route_changes
         .iter()

@@ -46,6 +46,15 @@ fn run(trace: &Trace, capacity: u64, path: &Path) -> (Option<Applied>, ReplayMet
     run_priced(trace, capacity, path, CostModel::default())
 }
 
+/// The second run made at most 1/`parts` of the first's physical driver allocations.
+fn assert_allocs_cut(first: &ReplayMetrics, second: &ReplayMetrics, parts: u64) {
+    let (a, b) = (first.driver_ops.physical_allocs(), second.driver_ops.physical_allocs());
+    assert!(
+        b * parts <= a,
+        "physical allocations: {b} in the second run against {a} in the first"
+    );
+}
+
 /// The bundled training workload at twice its peak live: the first run backs its slabs with
 /// 2 MiB pages while it learns its peak; the second, given that peak by the profile the first
 /// wrote, creates a tenth of the handles or fewer, fails nothing, and counts itself.
@@ -66,13 +75,7 @@ fn a_second_run_given_the_profile_creates_far_fewer_handles() {
     let (applied, second) = run(&trace, capacity, &path);
     assert_eq!(applied, Some(Applied::Peak(p.peak_footprint_bytes)));
     assert_eq!((first.failed_allocs, second.failed_allocs), (0, 0));
-    let creates = |m: &ReplayMetrics| m.driver_ops.physical_allocs();
-    assert!(
-        creates(&second) * 10 <= creates(&first),
-        "physical allocations: {} in the second run against {} in the first",
-        creates(&second),
-        creates(&first)
-    );
+    assert_allocs_cut(&first, &second, 10);
     assert!(second.modeled_driver_ns * 5 < first.modeled_driver_ns);
     let p2 = Profile::read(&path).unwrap().unwrap();
     assert_eq!(
@@ -154,13 +157,7 @@ fn pressure_alone_does_not_withhold_the_peak() {
     let (applied, second) = run(&trace, capacity, &path);
     assert_eq!(applied, Some(Applied::Peak(p.peak_footprint_bytes)));
     assert_eq!((first.failed_allocs, second.failed_allocs), (0, 0));
-    let allocs = |m: &ReplayMetrics| m.driver_ops.physical_allocs();
-    assert!(
-        allocs(&second) * 20 <= allocs(&first),
-        "physical allocations: {} in the second run against {} in the first",
-        allocs(&second),
-        allocs(&first)
-    );
+    assert_allocs_cut(&first, &second, 20);
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
 

@@ -318,7 +318,7 @@ impl TuningReport {
     /// Memory ran short in the run: a request failed, an out-of-memory was recovered, or free
     /// memory fell under the low watermark.
     pub fn ran_short(&self) -> bool {
-        self.failed_allocs > 0 || self.oom_recoveries > 0 || self.pressure_events > 0
+        self.ran_out() || self.pressure_events > 0
     }
 
     /// Memory ran out in the run: a request failed, or was served only after idle memory was
