@@ -117,9 +117,17 @@ impl DriverOps {
     /// passthrough's minimum, where PyTorch's allocator completes, 45.4 -> 6.9 ms summed
     /// (`training` 35.1 -> 4.8, `phase-change` 30.2 -> 3.9), but `gpu-medium-ctx1024-infer`
     /// 49.4 -> 94.5 and `serving` 131.1 -> 166.9 (all 17: 1559 -> 1570); at 1.5x peak live
-    /// `gpu-medium-ctx256-infer` 7.9 -> 0. Not changed: this is the one decision that follows
-    /// the prices. Once the engine knows the workload's peak, though, the suballocator moves
-    /// whatever this says (`Suballoc::set_peak_known`).
+    /// `gpu-medium-ctx256-infer` 7.9 -> 0. Measured again with moves forced (main at
+    /// f4a6de6): at 1.1x the same under vmm-fast.toml (45.4 -> 6.9 ms; `cpu-gpt2-train` 9.8 ->
+    /// 0.08, but `cpu-resnet18-train` 0.04 -> 1.5) and at the H200's prices 74.7 -> 10.5 (all
+    /// 17: 962 -> 938), while 1.5x peak live and up do not move; but at 1.05x passthrough's
+    /// minimum all 17 summed go 1788 -> 1864 ms a pass under vmm-fast.toml and 1319 -> 1417 at
+    /// the H200's (`gpu-medium-ctx512-train` 7.2 -> 90.2: over ten passes 8,965 creates and
+    /// 5,490 releases against 4,406 and 877, since a page moved leaves its own slab short at
+    /// its next peak and that slab then creates; the per-move count above holds for one page,
+    /// not for the layout that follows). Not changed: no rule yet tells the two apart, and
+    /// this is the one decision that follows the prices. Once the engine knows the workload's
+    /// peak, though, the suballocator moves whatever this says (`Suballoc::set_peak_known`).
     pub fn recycling_pays(&self) -> bool {
         let prices = [self.map, self.set_access, self.unmap, self.create, self.release].map(|t| t.mean_ns());
         match prices {
