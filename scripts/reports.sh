@@ -3,7 +3,7 @@
 # its own header names, so that none is left from an older build (steady-nvidia-h200.md once
 # stayed a GPU lease old: it said 309 ms a pass at 1.5x where the allocator then paid 0.46).
 #
-#   scripts/reports.sh          rewrite the reports in place (about 8 minutes here)
+#   scripts/reports.sh          rewrite the reports in place (about 10 minutes here)
 #   scripts/reports.sh --check  write them to a scratch folder and list the ones that differ
 #                               from the checkout's (exit status 1 if any does)
 #

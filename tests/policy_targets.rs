@@ -7,7 +7,7 @@ use common::all_traces;
 
 use adaptalloc::device::Granularity;
 use adaptalloc_cli::compare::{Capacity, CompareOptions, Contender, StrategyResult, passthrough_min_capacity, run_one};
-use adaptalloc_cli::trace::Trace;
+use adaptalloc_cli::trace::{ReplayMetrics, Trace};
 
 /// Modelled driver time per pass in the steady state (passes 3-4 of 4), the yardstick: every
 /// driver call priced. (These targets once counted calls, and a map of many 2 MiB handles
@@ -50,17 +50,17 @@ fn bundled_at(name: &str, factor: f64) -> (Trace, u64) {
     (t, cap)
 }
 
-/// The tuning report of the zero-configuration allocator after `repeat` passes of `t` on a
-/// fresh device of `cap` bytes.
-fn adaptive_report(t: &Trace, cap: u64, repeat: u32) -> adaptalloc::report::TuningReport {
-    let dev = std::sync::Arc::new(adaptalloc::SimDevice::new(cap));
-    let alloc = adaptalloc::Allocator::adaptive(dev as std::sync::Arc<dyn adaptalloc::device::Device>);
-    let replay = adaptalloc_cli::trace::ReplayOptions {
+/// The zero-configuration allocator over `repeat` passes of `t` on a device of `cap` bytes, set
+/// up and replayed as `compare` does ([`run_one`]): its tuning report and the run's metrics.
+fn adaptive_run(t: &Trace, cap: u64, repeat: u32) -> (adaptalloc::report::TuningReport, ReplayMetrics) {
+    let opts = CompareOptions {
         repeat,
-        ..Default::default()
+        ..CompareOptions::default()
     };
-    adaptalloc_cli::trace::replay_with(t, &alloc, replay, |_| ());
-    alloc.report().unwrap()
+    let dev = opts.sim_device(t, cap);
+    let alloc = adaptalloc::Allocator::adaptive(dev.clone() as std::sync::Arc<dyn adaptalloc::device::Device>);
+    let m = adaptalloc_cli::trace::replay_with(t, &alloc, opts.replay_options(), |i| dev.advance_clock(i));
+    (alloc.report().unwrap(), m)
 }
 
 fn is_training(t: &Trace) -> bool {
@@ -309,7 +309,7 @@ fn a_repeating_churn_with_room_at_its_peak_is_not_tight() {
     assert_share_of_passthrough("small-churn at 1.5x peak live", &ours, &pass, 2000);
     // The tuning report says that small requests went back to slabs and stayed there: the last
     // route change of the small classes sends them back, before the second pass is over.
-    let report = adaptive_report(&t, cap, 3);
+    let (report, _) = adaptive_run(&t, cap, 3);
     let last = report.route_changes.iter().rev().find(|c| c.class == "all under 1MiB");
     assert!(
         last.is_some_and(|c| c.reason.ends_with("small requests back to slabs") && c.op < 2 * t.events.len() as u64),
@@ -336,18 +336,13 @@ fn a_cycle_that_ran_with_its_layout_is_not_tight_again() {
     };
     let t = adaptalloc_cli::trace::read_csv(&path, false).unwrap();
     let cap = (passthrough_min_capacity(&t, Granularity::default()) as f64 * 1.1) as u64;
-    let opts = CompareOptions {
-        repeat: 10,
-        ..CompareOptions::default()
-    };
-    let ours = run_one(&t, Contender::Adaptive, cap, &opts);
+    let (report, ours) = adaptive_run(&t, cap, 10);
+    let steady = ours.passes.steady_pass_ns;
     common::figure(&format!(
-        "cpu-mobilenetv2-train x10 at 1.1x passthrough's minimum: {} ns a pass in the steady state",
-        steady_ns(&ours)
+        "cpu-mobilenetv2-train x10 at 1.1x passthrough's minimum: {steady} ns a pass in the steady state"
     ));
     assert_eq!(ours.failed_allocs, 0);
-    assert!(steady_ns(&ours) <= 500_000, "{} ns a pass", steady_ns(&ours));
-    let report = adaptive_report(&t, cap, 10);
+    assert!(steady <= 500_000, "{steady} ns a pass");
     let late_tight: Vec<_> = report
         .route_changes
         .iter()
