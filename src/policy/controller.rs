@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::assess::{self, Limits, Plan, Prior, Sample, assess};
 use super::classify::{self, BUCKETS, ClassStats, Window, bucket_range, class_name, distinct_text};
-use super::constants::{MEM_INFO_BACKOFF, SMALL_BUCKETS, STRAND_CLEAR_DIVISOR, TINY_DEVICE_PAGES};
+use super::constants::{CYCLE_FALL_DIVISOR, MEM_INFO_BACKOFF, SMALL_BUCKETS, STRAND_CLEAR_DIVISOR, TINY_DEVICE_PAGES};
 use super::journal::{ClassSummary, Journal, RouteChange, TimelinePoint};
 use super::recurrence::PeakRecurrence;
 use super::{Policy, RoutingMode};
@@ -44,6 +44,22 @@ pub struct Engine {
     /// warning said so, once.
     peak_outgrown: bool,
     in_pressure: bool,
+    /// Until a sample past the first routing interval has seen a cycle: half the footprint's
+    /// peak at the last sample (0 otherwise, and once used). A free that takes the footprint
+    /// to a new low since that sample, under the mark, brings the next sample forward to the
+    /// next operation: that sample would see a cycle (`assess` judges it on that low), so it
+    /// is taken now. The cycle, and with it the bound that leaves others their share of the
+    /// memory beyond the peak, then counts from the end of the first step, not from the next
+    /// periodic sample up to a gap later (the gap doubles while calm): bundled `training` at
+    /// 1.2x and 1.3x peak live kept its first step's 6.61 and 7.03 GiB 490 operations into
+    /// the second, and a co-tenant of half the slack passthrough leaves was refused
+    /// (`tuning/reports/tenants.md`: now none at any capacity). Taken at any fall under half
+    /// the peak instead, not only at a new low since the last sample (a low reached before the
+    /// first interval was then enough), `gpu-small-fwd-fp32` at 1.5x peak live (a 54 MB
+    /// device) saw its cycle at a dip 126 operations earlier, gave back 6 MiB more there,
+    /// missed in the slabs, moved its 2-4 MiB class to the cache and paid 13.5 ms a pass from
+    /// then on against 0.
+    fall_mark: u64,
     /// How the driver consumes memory, for `footprint`.
     model: Granularity,
     /// What the driver would consume for the live blocks as separate allocations, and its
@@ -84,6 +100,7 @@ impl Engine {
             prior: Prior::default(),
             peak_outgrown: false,
             in_pressure: false,
+            fall_mark: 0,
             model,
             footprint: Counter::default(),
             footprint_low: u64::MAX,
@@ -166,12 +183,17 @@ impl Engine {
         self.classes[bucket].w_misses += 1;
     }
 
-    /// Records a free (hot path: a few adds).
+    /// Records a free (hot path: a few adds; at a new low of the footprint since the last
+    /// sample, a compare more).
     #[inline]
     pub fn on_free(&mut self, bucket: usize, bytes: u64, lifetime_ops: u64, op: u64) {
         self.footprint.sub(self.model.consumed(align_up(bytes, ALIGNMENT)));
         if self.footprint.current < self.footprint_low {
             self.footprint_low = self.footprint.current;
+            if self.footprint.current < self.fall_mark {
+                // The next sample would see the cycle: take it at the next operation.
+                (self.next_sample, self.fall_mark) = (0, 0);
+            }
         }
         self.classes[bucket].on_free(bytes, lifetime_ops, op);
     }
@@ -231,6 +253,9 @@ impl Engine {
 
     /// One sample: measure, [`assess`], apply the plan.
     fn sample(&mut self, strategies: &mut [Strategy], dev: &dyn Device, routes: &mut [u8; BUCKETS], op: u64) {
+        if self.next_sample == 0 && op > 0 {
+            tracing::debug!(op, "sampling at the footprint's first fall under half its peak");
+        }
         self.next_sample = op + self.policy.bounds.mem_info_interval_ops;
         let Ok(info) = dev.mem_info() else { return };
         self.journal.mem_info_samples += 1;
@@ -261,6 +286,11 @@ impl Engine {
         let plan = assess(&sample, &self.limits, self.prior);
         self.next_sample = op + self.next_gap(&sample, info.total, &plan);
         self.apply(&plan, &sample, strategies, dev, routes);
+        self.fall_mark = if self.prior.cycle_seen || op < self.limits.interval_ops {
+            0
+        } else {
+            self.footprint.peak / CYCLE_FALL_DIVISOR
+        };
     }
 
     /// Operations until the next periodic sample. Samples after our own driver allocations come
@@ -516,5 +546,77 @@ impl Engine {
     /// Seconds since the engine started (for allocation rates).
     pub fn elapsed_secs(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::bucket_of;
+
+    /// A step of `n` blocks of 32 MiB, allocated from operation `op` on; returns the next op.
+    fn grow(e: &mut Engine, n: u64, op: u64) -> u64 {
+        for i in 0..n {
+            e.on_alloc(bucket_of(32 << 20), 32 << 20, op + i);
+        }
+        op + n
+    }
+
+    /// Frees `n` of them; returns the next op.
+    fn shrink(e: &mut Engine, n: u64, op: u64) -> u64 {
+        for i in 0..n {
+            e.on_free(bucket_of(32 << 20), 32 << 20, 1, op + i);
+        }
+        op + n
+    }
+
+    /// A free that takes the footprint to a new low since the last sample, under half the peak
+    /// that sample saw, makes the controller due at once, where that sample came after the
+    /// first routing interval and saw no cycle; a fall to half the peak or more, a second fall
+    /// before the next sample, and any fall once a sample has seen the cycle, or before the
+    /// first interval, do not (the periodic sample stays where it was).
+    #[test]
+    fn the_first_fall_under_half_the_peak_samples_at_once() {
+        let engine = || {
+            let policy = Policy::default();
+            let mut e = Engine::new(policy, vec![StrategyKind::Suballoc], 8 << 30, Granularity::default());
+            (e.next_tick, e.next_sample) = (u64::MAX, u64::MAX);
+            e
+        };
+        // What a sample at `op` leaves: the low reset, the mark set from the peak.
+        let sampled = |e: &mut Engine, op: u64| {
+            e.footprint_low = e.footprint.current;
+            e.fall_mark = if e.prior.cycle_seen || op < e.limits.interval_ops {
+                0
+            } else {
+                e.footprint.peak / CYCLE_FALL_DIVISOR
+            };
+        };
+        let interval = Policy::default().routing.interval_ops;
+        // A sample before the first interval: no mark.
+        let mut e = engine();
+        let op = grow(&mut e, 16, 0);
+        sampled(&mut e, op);
+        let op = shrink(&mut e, 16, op);
+        assert!(!e.due(op), "a fall before the first routing interval");
+        // Past it: down to half the peak (16 blocks), then under it.
+        let mut e = engine();
+        let op = grow(&mut e, 16, interval);
+        sampled(&mut e, op);
+        let op = shrink(&mut e, 8, op);
+        assert!(!e.due(op), "a fall to half the peak");
+        let op = shrink(&mut e, 1, op);
+        assert!(e.due(op), "the first fall under half the peak");
+        // Once: a further fall before the sample it brought forward changes nothing.
+        e.next_sample = u64::MAX;
+        let op = shrink(&mut e, 7, op);
+        assert!(!e.due(op), "a second fall");
+        // A cycle a sample saw already: no mark.
+        let mut e = engine();
+        e.prior.cycle_seen = true;
+        let op = grow(&mut e, 16, interval);
+        sampled(&mut e, op);
+        let op = shrink(&mut e, 16, op);
+        assert!(!e.due(op), "a fall after the cycle was seen");
     }
 }
