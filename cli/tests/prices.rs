@@ -72,9 +72,11 @@ fn tune_s_winner_follows_the_prices() {
     );
 }
 
-/// Serving at 1.5x peak live, three passes, beside a co-tenant that takes 1.5 GiB (most of
+/// Serving at 1.5x peak live, three passes, beside a co-tenant that takes 1200 MiB (71% of
 /// the slack passthrough leaves) in the second pass: alone, whole slabs win and would refuse
-/// it; with it, the winner is a variant that leaves it room, at a higher driver time.
+/// it; with it, the winner is a variant that leaves it room, at a higher driver time. (At
+/// 1500 MiB, 89% of the slack, no variant left it room once empty slabs whose pages can be
+/// moved keep them longer: more than `bounds.spare_share = 0.25` leaves others.)
 #[test]
 fn tune_with_a_co_tenant_leaves_it_room() {
     let spec = WorkloadSpec::bundled("serving").unwrap();
@@ -89,7 +91,7 @@ fn tune_with_a_co_tenant_leaves_it_room() {
         tune(&traces, &opts, &Policy::default())
     };
     let alone = run(None);
-    let tenant: TenantSpec = "1500MiB@0.4..0.6".parse().unwrap();
+    let tenant: TenantSpec = "1200MiB@0.4..0.6".parse().unwrap();
     let beside = run(Some(tenant));
     let (a, b) = (&alone.trials[alone.best], &beside.trials[beside.best]);
     assert_eq!(a.label, "suballoc.backing whole");

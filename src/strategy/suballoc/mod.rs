@@ -479,31 +479,6 @@ impl Suballoc {
         }
     }
 
-    /// Releases empty slabs, newest first, until at most `keep` bytes of them remain.
-    ///
-    /// Measured against newest first (bundled `training` at 1.1x passthrough's minimum, 20 ms a
-    /// pass over passes 6-10 of `compare --repeat 10`; `serving` at 1.2x peak live, 376 ms a
-    /// pass, its 2 GiB slab released and created again every pass): the slab with the fewest
-    /// mapped bytes first, 18 and 0.04 ms, but 229 ms in `training`'s third pass and 136 ms a
-    /// pass under vmm-fast.toml where newest first pays 35; the lowest mapped share first,
-    /// 213 and 269; the most unmapped bytes first, 167 and 269; the fewest-mapped slab that
-    /// alone brings the empty slabs under `keep`, 0.0 on `serving` but 248 and 321 ms in
-    /// `training`'s ninth and tenth passes. Near the minimum the steady state swings with any
-    /// of these orders; none is better everywhere.
-    pub fn release_empty_slabs(&mut self, dev: &dyn Device, keep: u64) -> u64 {
-        let mut released = 0;
-        while self.acct.empty() > keep {
-            let Some(&slab_id) = self.empty.last() else {
-                break;
-            };
-            match self.release_slab(dev, slab_id) {
-                Some(r) => released += r,
-                None => break,
-            }
-        }
-        released
-    }
-
     /// The stream's work is done: the blocks freed on it join the lists every stream uses, and
     /// its emptied list sets are kept for the next new stream.
     pub(super) fn synchronize_stream(&mut self, stream: StreamId) {

@@ -12,6 +12,67 @@ use crate::size::{ALIGNMENT, MIB, round_up};
 const ROOMY_HANDLE: u64 = 64 * MIB;
 
 impl Suballoc {
+    /// Releases empty slabs until at most `keep` bytes of them remain: newest first, but the
+    /// one with the fewest mapped bytes first where idle pages are moved rather than created
+    /// anew (paged slabs, and [`map_pages`](Self::map_pages) moves: the prices say a move pays,
+    /// or the peak is known). The bound counts an empty slab's address space, not its mapped
+    /// pages; where pages move, an empty slab's mapped pages are a store the next request's
+    /// slab takes pages from by a map, so the slab whose release gives the most address space
+    /// for the fewest unmaps and releases goes first. Where a move does not pay, a kept slab's
+    /// pages serve only requests placed in it, and the order stays newest first.
+    ///
+    /// Measured at 1.1x passthrough's minimum over 10 passes (`steady_eval`, the 17 workloads,
+    /// default model): steady state 2130.8 -> 1848.9 ms a pass summed (`serving` 487.1 ->
+    /// 238.2: its 2 GiB slab, emptied last at each pass's end, was released and created again
+    /// every pass; `gpu-medium-ctx128-infer` 89.6 -> 63.3, `cpu-resnet18-train` 3.0 -> 1.4,
+    /// no workload's dearer), warm-up 8852 -> 8661 ms (dearer: `gpu-medium-ctx512-infer` 197 -> 347,
+    /// `training` 1055 -> 1176, `gpu-medium-ctx128-infer` 59 -> 85); at 1.2x steady state
+    /// 1912 -> 1519 ms a pass, ten passes 24842 -> 21121 ms; at 1.05x 3957 -> 3938 ms a pass,
+    /// but ten passes 44070 -> 44912 ms (`phase-change`'s warm-up 876 -> 1361). Under
+    /// vmm-fast.toml and the H200's prices, where moves do not pay, nothing changed; nor did
+    /// the robustness grid (7 / 3 / 4) or any figure from 1.5x peak live up. Fewest mapped
+    /// first whatever the prices (vmm-fast at 1.1x: `training` 35 -> 161 ms a pass, 1553 ->
+    /// 1679 summed: the kept slabs' pages were released by the headroom and created again).
+    ///
+    /// Measured before, against newest first (bundled `training` at 1.1x passthrough's minimum, 20 ms a
+    /// pass over passes 6-10 of `compare --repeat 10`; `serving` at 1.2x peak live, 376 ms a
+    /// pass, its 2 GiB slab released and created again every pass): the slab with the fewest
+    /// mapped bytes first, 18 and 0.04 ms, but 229 ms in `training`'s third pass and 136 ms a
+    /// pass under vmm-fast.toml where newest first pays 35; the lowest mapped share first,
+    /// 213 and 269; the most unmapped bytes first, 167 and 269; the fewest-mapped slab that
+    /// alone brings the empty slabs under `keep`, 0.0 on `serving` but 248 and 321 ms in
+    /// `training`'s ninth and tenth passes. Near the minimum the steady state swings with any
+    /// of these orders; none is better everywhere.
+    pub fn release_empty_slabs(&mut self, dev: &dyn Device, keep: u64) -> u64 {
+        if self.acct.empty() <= keep {
+            return 0;
+        }
+        let mut released = 0;
+        let reservoir =
+            self.config.backing == SlabBacking::Pages && (self.peak_known || dev.stats().ops.recycling_pays());
+        while self.acct.empty() > keep {
+            let pick = if reservoir {
+                self.empty
+                    .iter()
+                    .copied()
+                    .min_by_key(|&id| match self.pages.get(id as usize) {
+                        Some(Some(pm)) => pm.mapped_bytes,
+                        _ => self.slabs[id].size,
+                    })
+            } else {
+                self.empty.last().copied()
+            };
+            let Some(slab_id) = pick else {
+                break;
+            };
+            match self.release_slab(dev, slab_id) {
+                Some(r) => released += r,
+                None => break,
+            }
+        }
+        released
+    }
+
     /// The handle a new page-backed slab of `size` bytes (a multiple of `page`) is mapped in,
     /// on a device of `page`.
     pub(super) fn handle_for(&self, page: u64, size: u64) -> u64 {
