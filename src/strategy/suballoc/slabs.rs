@@ -14,7 +14,7 @@ const ROOMY_HANDLE: u64 = 64 * MIB;
 impl Suballoc {
     /// Releases empty slabs until at most `keep` bytes of them remain: newest first, but the
     /// one with the fewest mapped bytes first where idle pages are moved rather than created
-    /// anew (paged slabs, and [`map_pages`](Self::map_pages) moves: the prices say a move pays,
+    /// anew (paged slabs, where `map_pages` moves pages: the prices say a move pays,
     /// or the peak is known). The bound counts an empty slab's address space, not its mapped
     /// pages; where pages move, an empty slab's mapped pages are a store the next request's
     /// slab takes pages from by a map, so the slab whose release gives the most address space
