@@ -225,7 +225,8 @@ def test_tune_matches_the_command_line_and_its_policy_loads(tmp_path):
     trace = str(tmp_path / "serving.csv")
     subprocess.run([CLI, "synth", "serving", "--out", trace], check=True, capture_output=True)
     args = ["--capacity-factor", "1.5", "--repeat", "3"]
-    for tenant in (None, "1500MiB@0.4..0.6"):
+    # A co-tenant of 71% of the slack: some variant leaves it room (cli/tests/prices.rs).
+    for tenant in (None, "1200MiB@0.4..0.6"):
         ours = adaptalloc.tune(trace, capacity_factor=1.5, repeat=3, tenant=tenant)
         cli = subprocess.run([CLI, "tune", trace, *args, *(["--tenant", tenant] if tenant else [])],
                              capture_output=True, text=True, timeout=600)
