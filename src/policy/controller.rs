@@ -286,6 +286,12 @@ impl Engine {
         let plan = assess(&sample, &self.limits, self.prior);
         self.next_sample = op + self.next_gap(&sample, info.total, &plan);
         self.apply(&plan, &sample, strategies, dev, routes);
+        self.set_fall_mark(op);
+    }
+
+    /// `fall_mark` after a sample at `op`: half the peak, until a cycle is seen, from the
+    /// first routing interval on.
+    fn set_fall_mark(&mut self, op: u64) {
         self.fall_mark = if self.prior.cycle_seen || op < self.limits.interval_ops {
             0
         } else {
@@ -586,11 +592,7 @@ mod tests {
         // What a sample at `op` leaves: the low reset, the mark set from the peak.
         let sampled = |e: &mut Engine, op: u64| {
             e.footprint_low = e.footprint.current;
-            e.fall_mark = if e.prior.cycle_seen || op < e.limits.interval_ops {
-                0
-            } else {
-                e.footprint.peak / CYCLE_FALL_DIVISOR
-            };
+            e.set_fall_mark(op);
         };
         let interval = Policy::default().routing.interval_ops;
         // A sample before the first interval: no mark.

@@ -232,16 +232,8 @@ impl Suballoc {
             .iter()
             .flat_map(|&(off, len)| (off..off + len).step_by(page as usize))
             .collect();
-        // Only where every slab is backed page by page: under `Auto` and `LargeHandles` free
-        // memory decides how large the next slab's handles are, and pages moved instead of
-        // created kept it high enough to take large handles that then stranded requests
-        // (robustness grid, failing runs: `auto` 49 / 43 / 95 without moves, 52 / 64 / 298
-        // with them; `large-handles` 53 / 39 / 28 and 54 / 44 / 53).
-        let paged = self.config.backing == SlabBacking::Pages;
-        let known = self.peak_known;
-        let recycles = || paged && (known || dev.stats().ops.recycling_pays());
         let past = self.pages_past_room(todo.len() as u64, page) as usize;
-        if past > 0 && recycles() {
+        if past > 0 && self.moves_pages(dev) {
             let room = todo.len() - past;
             let moved = self.recycle(dev, id, &todo[room..], page);
             todo.drain(room..room + moved);
@@ -258,7 +250,7 @@ impl Suballoc {
             i += (len / page) as usize;
         }
         if let Err(e) = result {
-            let moved = if e.is_out_of_memory() && recycles() {
+            let moved = if e.is_out_of_memory() && self.moves_pages(dev) {
                 self.recycle(dev, id, &todo[i..], page)
             } else {
                 0
@@ -278,6 +270,18 @@ impl Suballoc {
         }
         self.acct.held(slab.pool, added);
         Ok(())
+    }
+
+    /// Whether idle pages are moved where new ones are needed rather than created anew: the
+    /// prices the device has shown say a move pays, or the engine knows the workload's peak;
+    /// only where every slab is backed page by page. Under `Auto` and `LargeHandles` free
+    /// memory decides how large the next slab's handles are, and pages moved instead of
+    /// created kept it high enough to take large handles that then stranded requests
+    /// (robustness grid, failing runs: `auto` 49 / 43 / 95 without moves, 52 / 64 / 298 with
+    /// them; `large-handles` 53 / 39 / 28 and 54 / 44 / 53). Slow path (reads the device's
+    /// statistics).
+    pub(super) fn moves_pages(&self, dev: &dyn Device) -> bool {
+        self.config.backing == SlabBacking::Pages && (self.peak_known || dev.stats().ops.recycling_pays())
     }
 
     /// Moves idle pages of other paged slabs (every handle a page) onto `targets` (unmapped

@@ -14,8 +14,7 @@ const ROOMY_HANDLE: u64 = 64 * MIB;
 impl Suballoc {
     /// Releases empty slabs until at most `keep` bytes of them remain: newest first, but the
     /// one with the fewest mapped bytes first where idle pages are moved rather than created
-    /// anew (paged slabs, where `map_pages` moves pages: the prices say a move pays,
-    /// or the peak is known). The bound counts an empty slab's address space, not its mapped
+    /// anew (`moves_pages`). The bound counts an empty slab's address space, not its mapped
     /// pages; where pages move, an empty slab's mapped pages are a store the next request's
     /// slab takes pages from by a map, so the slab whose release gives the most address space
     /// for the fewest unmaps and releases goes first. Where a move does not pay, a kept slab's
@@ -48,8 +47,7 @@ impl Suballoc {
             return 0;
         }
         let mut released = 0;
-        let reservoir =
-            self.config.backing == SlabBacking::Pages && (self.peak_known || dev.stats().ops.recycling_pays());
+        let reservoir = self.moves_pages(dev);
         while self.acct.empty() > keep {
             let pick = if reservoir {
                 self.empty
