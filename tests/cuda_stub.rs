@@ -147,11 +147,68 @@ fn child() {
     vmm.unmap(h + 12 * PAGE, 4 * PAGE).unwrap();
     assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
     vmm.unreserve(h).unwrap();
+    // A larger handle split into pages (out-of-memory's last resort): the pages kept hold what
+    // they held, copied on the device after queued work is done; the rest goes back.
+    let hooks = stub_hooks();
+    let h = vmm.reserve(8 * PAGE).unwrap();
+    vmm.map_handles(h, 8 * PAGE, 8 * PAGE).unwrap();
+    assert_eq!((hooks.write_tag)(h + PAGE + 5, 11), 1);
+    assert_eq!((hooks.write_tag)(h + 6 * PAGE, 66), 1);
+    let free = dev.mem_info().unwrap().free;
+    assert!(
+        vmm.split_handle(h, 8 * PAGE, &[6 * PAGE, PAGE]).is_err(),
+        "pages out of order"
+    );
+    assert!(vmm.split_handle(h, 4 * PAGE, &[PAGE]).is_err(), "part of a handle");
+    assert!(vmm.split_handle(h, 8 * PAGE, &[3 * PAGE / 2]).is_err(), "off a page");
+    assert_eq!(dev.mem_info().unwrap().free, free, "a refusal changes nothing");
+    (hooks.queue_work)(h + PAGE, 100);
+    vmm.quiesce().unwrap();
+    vmm.split_handle(h, 8 * PAGE, &[PAGE, 6 * PAGE]).unwrap();
+    assert_eq!((hooks.unsafe_unmaps)(), 0);
+    assert_eq!(dev.mem_info().unwrap().free, free + 6 * PAGE, "six pages back");
+    assert_eq!(
+        ((hooks.read_tag)(h + PAGE), (hooks.read_tag)(h + 6 * PAGE)),
+        (11, 66),
+        "the pages kept hold what they held"
+    );
+    assert_eq!((hooks.read_tag)(h + 2 * PAGE), 0, "not mapped any more");
+    assert_eq!(vmm.handles_in(h + PAGE, PAGE), 1, "a page of its own");
+    vmm.unmap(h + PAGE, PAGE).unwrap();
+    vmm.unmap(h + 6 * PAGE, PAGE).unwrap();
+    vmm.unreserve(h).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
+    // With no room beside the handle (it takes the whole device), the pages kept go through
+    // host memory: copied out, the handle unmapped, new pages mapped in place, copied back.
+    let n = CAPACITY / PAGE;
+    let h = vmm.reserve(n * PAGE).unwrap();
+    vmm.map_handles(h, n * PAGE, n * PAGE).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, 0);
+    (hooks.write_tag)(h, 7);
+    (hooks.write_tag)(h + 3 * PAGE, 33);
+    (hooks.write_tag)(h + 4 * PAGE, 44);
+    vmm.split_handle(h, n * PAGE, &[0, 3 * PAGE, 4 * PAGE]).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY - 3 * PAGE);
+    assert_eq!(
+        [0, 3, 4].map(|p| (hooks.read_tag)(h + p * PAGE)),
+        [7, 33, 44],
+        "the pages kept hold what they held"
+    );
+    assert_eq!(vmm.handles_in(h + 3 * PAGE, 2 * PAGE), 2, "a page each");
+    vmm.unmap(h, PAGE).unwrap();
+    vmm.unmap(h + 3 * PAGE, 2 * PAGE).unwrap();
+    vmm.unreserve(h).unwrap();
+    assert_eq!(dev.mem_info().unwrap().free, CAPACITY);
     // Every driver call above was timed by kind, and the kinds add up to the total.
     let st = dev.stats();
     let o = st.ops;
     assert!(o.create.calls >= 2 + 4 && o.map.calls >= o.create.calls && o.unmap.calls > 0 && o.release.calls > 0);
     assert!(o.reserve.calls >= 5 && o.unreserve.calls >= 5 && o.set_access.calls > 0 && o.alloc.calls > 0);
+    assert_eq!(
+        o.copy.calls,
+        2 + 2 * 3,
+        "a copy for each page kept, two through the host"
+    );
     assert_eq!(st.driver_ns, o.total_ns(), "{o:?}");
     // The default policy uses page-backed slabs there: pages freed inside a slab that still
     // holds live blocks go back to the driver.

@@ -31,6 +31,7 @@ fn call_name(kind: &str) -> &'static str {
         "free_sync" => "cudaFree's wait",
         "mem_info" => "cuMemGetInfo",
         "stream_sync" => "stream wait",
+        "copy" => "cuMemcpy (a page of a split handle)",
         _ => "pool call",
     }
 }

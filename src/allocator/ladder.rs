@@ -6,7 +6,7 @@
 //! |---|---|
 //! | roomy (the fast path) | [`Step::Routed`]: a cache hit, else (outside tight mode) a slab hole that pins nothing new, else a new cached block; a slab fit within the strand limit, else an exact-size cached block; or a driver allocation |
 //! | pressure (free memory under the low watermark) | [`Step::HeldHole`] strict, then [`Step::Driver`] (the routed strategy when there is no passthrough) |
-//! | after out-of-memory, `oom.release_and_retry` | [`Step::ReclaimStreams`], [`Step::ReleaseAndRetry`], [`Step::HeldHole`] loose, [`Step::Driver`] when not routed, [`Step::Splice`] |
+//! | after out-of-memory, `oom.release_and_retry` | [`Step::ReclaimStreams`], [`Step::ReleaseAndRetry`], [`Step::HeldHole`] loose, [`Step::Driver`] when not routed, [`Step::Splice`], [`Step::SplitHandles`] |
 //! | after out-of-memory, no release | none: the error goes to the caller |
 //!
 //! [`steps`] is that table as data (unit-tested); [`Ladder`] walks it. The allocator picks the
@@ -53,6 +53,12 @@ pub(super) enum Step {
     /// A block spliced from the free ends of held slab pages and fresh pages: less new memory
     /// than the driver's own allocation would take.
     Splice,
+    /// Split slab handles of more than a page that live blocks touch only in part: their live
+    /// pages copied into pages of their own at the same addresses, the rest given back
+    /// ([`Suballoc::split_held_handles`](crate::strategy::Suballoc::split_held_handles)), as
+    /// far as the request's footprint; then the routed strategy, and the driver through
+    /// another, again.
+    SplitHandles,
 }
 
 /// Why the ladder is being walked.
@@ -79,6 +85,7 @@ pub(super) fn steps(rung: Rung) -> &'static [Step] {
             Step::HeldHole { strict: false },
             Step::Driver,
             Step::Splice,
+            Step::SplitHandles,
         ],
         Rung::OutOfMemory {
             release_and_retry: false,
@@ -221,7 +228,7 @@ impl<'a> Ladder<'a> {
                         .allocate(self.dev, self.aligned, self.stream)
                         .map(|g| (g, i));
                 }
-                Step::Routed | Step::ReclaimStreams | Step::ReleaseAndRetry | Step::Splice => {
+                Step::Routed | Step::ReclaimStreams | Step::ReleaseAndRetry | Step::Splice | Step::SplitHandles => {
                     unreachable!("not a pressure step")
                 }
             }
@@ -287,6 +294,14 @@ impl<'a> Ladder<'a> {
                     Some((g, i))
                 }),
                 Step::Splice => self.splice(),
+                Step::SplitHandles => match self.split_handles() {
+                    Ok(found) => found,
+                    Err(e) if e.is_out_of_memory() => {
+                        last = e;
+                        None
+                    }
+                    Err(e) => return Err(e),
+                },
                 Step::Routed => unreachable!("not a step after out-of-memory"),
             };
             if let Some(found) = found {
@@ -322,6 +337,40 @@ impl<'a> Ladder<'a> {
         })
     }
 
+    /// [`Step::SplitHandles`]: handles split in every suballocator as far as the request's
+    /// footprint, then the routed strategy and the driver through another; nothing when no
+    /// handle was split.
+    fn split_handles(&mut self) -> Result<Option<Served>, DeviceError> {
+        let need = self.dev.footprint_model().consumed(self.aligned);
+        let mut released = 0;
+        for s in &mut self.st.strategies {
+            if let Strategy::Suballoc(sub) = s
+                && released < need
+            {
+                released += sub.split_held_handles(self.dev, need - released);
+            }
+        }
+        if released == 0 {
+            return Ok(None);
+        }
+        self.st.refresh();
+        let si = self.routed;
+        let routed = match self.st.strategies[si].allocate(self.dev, self.aligned, self.stream) {
+            Ok(g) => return Ok(Some((g, si))),
+            Err(e) => e,
+        };
+        let di = self.driver_target();
+        if di != si
+            && let Ok(g) = self.st.strategies[di].allocate(self.dev, self.aligned, self.stream)
+        {
+            return Ok(Some((g, di)));
+        }
+        match self.splice() {
+            Some(found) => Ok(Some(found)),
+            None => Err(routed),
+        }
+    }
+
     /// [`Step::Splice`], in the first suballocator that can.
     fn splice(&mut self) -> Option<Served> {
         let (dev, aligned, stream) = (self.dev, self.aligned, self.stream);
@@ -348,7 +397,7 @@ mod tests {
                 &[HeldHole { strict: true }, Driver],
             ),
             (
-                "out of memory: other streams' memory, release and retry, any hole, the driver, a splice",
+                "out of memory: other streams' memory, release and retry, any hole, the driver, a splice, split handles",
                 Rung::OutOfMemory {
                     release_and_retry: true,
                 },
@@ -358,6 +407,7 @@ mod tests {
                     HeldHole { strict: false },
                     Driver,
                     Splice,
+                    SplitHandles,
                 ],
             ),
             (

@@ -66,7 +66,7 @@ pub(super) fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
 pub(super) type Reservations = HashMap<DevicePtr, u64>;
 
 impl CudaDevice {
-    fn page(&self) -> u64 {
+    pub(super) fn page(&self) -> u64 {
         self.vmm_page.unwrap_or(2 << 20)
     }
 
@@ -128,7 +128,13 @@ impl CudaDevice {
     /// PyTorch's expandable segments do: the grant costs tens of microseconds per call);
     /// failure changes nothing. One driver allocation in the stats, and `bytes` more allocated
     /// when the handles are new.
-    fn map_range(&self, ptr: DevicePtr, src: Option<DevicePtr>, bytes: u64, handle: u64) -> Result<(), DeviceError> {
+    pub(super) fn map_range(
+        &self,
+        ptr: DevicePtr,
+        src: Option<DevicePtr>,
+        bytes: u64,
+        handle: u64,
+    ) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
         let _relaxed = super::cuda_streams::RelaxedCapture::new();
         let mut done = 0;
@@ -177,7 +183,7 @@ impl CudaDevice {
 
     /// Unmaps `ptr..ptr+bytes`: one driver free in the stats, `bytes` fewer allocated when the
     /// range held the first mappings of its pages.
-    fn unmap_range(&self, ptr: DevicePtr, bytes: u64, first: bool) -> Result<(), DeviceError> {
+    pub(super) fn unmap_range(&self, ptr: DevicePtr, bytes: u64, first: bool) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
         let result = self.unmap_pages(ptr, bytes);
         let mut stats = self.stats.lock();
@@ -191,7 +197,7 @@ impl CudaDevice {
 
 impl CudaDevice {
     /// The size of the handle mapped at `va`: a page, unless `map_handles` mapped a larger one.
-    fn handle_at(&self, va: DevicePtr) -> u64 {
+    pub(super) fn handle_at(&self, va: DevicePtr) -> u64 {
         self.mappings.lock().get(&va).copied().unwrap_or(self.page())
     }
 
@@ -307,6 +313,12 @@ impl VirtualMemory for CudaDevice {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// See `cuda_split`: through a scratch range on the device where it has room for the pages
+    /// kept, else through host memory.
+    fn split_handle(&self, ptr: DevicePtr, bytes: u64, keep: &[u64]) -> Result<(), DeviceError> {
+        self.split(ptr, bytes, keep)
     }
 
     fn quiesce(&self) -> Result<(), DeviceError> {

@@ -228,6 +228,21 @@ impl VirtualMemory for Metered {
         self.vmm_calls.fetch_add(1, Ordering::Relaxed);
         self.vm().move_handles(ptr, src, bytes)
     }
+    /// Pages created for those kept and the handle given back: a mapping call, a physical
+    /// allocation per page kept, a free for the handle, and the pages not kept no longer held.
+    /// Not held to the cap: the new pages replace memory already held, and what is held after
+    /// is less than before.
+    fn split_handle(&self, ptr: DevicePtr, bytes: u64, keep: &[u64]) -> Result<(), DeviceError> {
+        self.vmm_calls.fetch_add(1, Ordering::Relaxed);
+        let kept = keep.len() as u64 * self.page_size();
+        let r = self.vm().split_handle(ptr, bytes, keep);
+        if r.is_ok() {
+            self.allocs.fetch_add(keep.len() as u64, Ordering::Relaxed);
+            self.frees.fetch_add(1, Ordering::Relaxed);
+            self.held.fetch_sub(bytes - kept, Ordering::Relaxed);
+        }
+        r
+    }
     fn quiesce(&self) -> Result<(), DeviceError> {
         self.vm().quiesce()
     }
@@ -255,12 +270,12 @@ mod tests {
 
     proptest::proptest! {
         /// Maps of runs of handles, unmaps of whole handles (a run in part, or several runs
-        /// at once), moves and second mappings, in any order, some refused for want of
+        /// at once), moves, second mappings and splits, in any order, some refused for want of
         /// memory: the metered counts stay the device's physical allocations (less those it
         /// refused) and frees, and a mapping call is counted for each call made.
         #[test]
         fn counts_follow_the_handles_as_the_device_counts_them(
-            ops in proptest::collection::vec((0u8..5, 0usize..PAGES, 1usize..4, 1usize..4), 1..200)
+            ops in proptest::collection::vec((0u8..6, 0usize..PAGES, 1usize..4, 1usize..4), 1..200)
         ) {
             // Fewer pages of memory than of address space: some maps are refused.
             let sim: Arc<dyn Device> = Arc::new(SimDevice::new(24 * P));
@@ -280,6 +295,28 @@ mod tests {
                                 handles.push(Handle { page: at + i * h, pages: h, alias: false });
                             }
                             used[at..at + n * h].iter_mut().for_each(|u| *u = true);
+                        }
+                    }
+                    4 if !handles.is_empty() => {
+                        // A first mapping of more than a page, with no second one, split:
+                        // every `n`th of its pages kept (none where `n` passes it).
+                        let i = at % handles.len();
+                        let x = handles[i];
+                        let aliased = handles.iter().any(|a| a.alias && a.pages == x.pages && a.page != x.page);
+                        if x.alias || aliased || x.pages < 2 {
+                            continue;
+                        }
+                        let keep: Vec<u64> = (0..x.pages).step_by(n).filter(|_| n < 3).map(|k| k as u64 * P).collect();
+                        calls += 1;
+                        if vmm.split_handle(addr(x.page), x.pages as u64 * P, &keep).is_ok() {
+                            handles.remove(i);
+                            for k in 0..x.pages {
+                                let kept = keep.contains(&(k as u64 * P));
+                                used[x.page + k] = kept;
+                                if kept {
+                                    handles.push(Handle { page: x.page + k, pages: 1, alias: false });
+                                }
+                            }
                         }
                     }
                     1..=3 if !handles.is_empty() => {

@@ -10,6 +10,9 @@ mod cuda;
 // Virtual memory management on CUDA (FFI as above).
 #[allow(unsafe_code)]
 mod cuda_vmm;
+// Splitting a larger handle into pages: device copies (FFI as above).
+#[allow(unsafe_code)]
+mod cuda_split;
 // Timing the virtual-memory calls for gpu-bench's calibration (FFI as above).
 #[allow(unsafe_code)]
 mod cuda_calibrate;
@@ -121,6 +124,19 @@ pub trait VirtualMemory: Send + Sync {
     /// quiesces first (the memory at `src` may still be used by queued work). CUDA:
     /// cuMemRetainAllocationHandle on `src`, cuMemMap, cuMemSetAccess, cuMemUnmap of `src`.
     fn move_handles(&self, ptr: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), DeviceError>;
+    /// Splits the handle of more than a page mapped whole at `ptr..ptr+bytes` (a first mapping
+    /// with no second one) into pages: the page at each offset of `keep` (page-aligned,
+    /// ascending, inside the range) is backed by a new handle of one page holding what the old
+    /// handle held there, copied on the device, and the other pages are left unmapped, their
+    /// memory given back. It needs a page free for each page kept while it runs. The caller
+    /// quiesces first (queued work may still use the pages kept). Failure before the old
+    /// handle is unmapped changes nothing. The suballocator uses it on out-of-memory, where a
+    /// few live blocks would otherwise strand a large handle's idle memory. CUDA: a scratch
+    /// reservation, cuMemCreate, cuMemMap and cuMemSetAccess of the new pages there,
+    /// cuMemcpyDtoD of each page kept, cuCtxSynchronize, cuMemUnmap of the handle (its memory
+    /// goes back), each new page moved to its place (as [`move_handles`](VirtualMemory::move_handles)),
+    /// cuMemAddressFree of the scratch range.
+    fn split_handle(&self, ptr: DevicePtr, bytes: u64, keep: &[u64]) -> Result<(), DeviceError>;
     /// Waits until no queued work can touch memory about to be unmapped. Unmapping is not
     /// stream-ordered (CUDA's cuMemUnmap neither waits for kernels nor is queued behind them:
     /// unmapping pages a kernel still uses is an illegal memory access), so callers quiesce once

@@ -93,6 +93,8 @@ driver_ops! {
     unmap_sync,
     /// A wait for one stream's queued work (cuStreamSynchronize).
     stream_sync,
+    /// cuMemcpyDtoD of one page, where a larger handle is split into pages.
+    copy,
     /// cudaMallocAsync served by a stream-ordered pool.
     async_alloc,
     /// cudaFreeAsync.
@@ -136,32 +138,6 @@ impl DriverOps {
             }
             _ => true,
         }
-    }
-
-    /// Whether backing a slab that one physical handle would back whole by one driver
-    /// allocation instead (cuMemAlloc, against cuMemAddressReserve, cuMemCreate, cuMemMap and an
-    /// access grant) costs no more, at the mean prices these calls have had so far. Either way
-    /// the slab goes back whole, once no live block is left in it. A kind not priced yet is
-    /// tried: true before any allocation, false before any handle, so the prices decide from
-    /// the second such slab on. At the default model's prices a 1 GiB slab costs 600 us as one
-    /// allocation against 1116 us as a handle; at `vmm-fast.toml`'s, 600 against 79; on an
-    /// H200 (nvidia-h200.toml) 512 MiB 98 us against 104.
-    ///
-    /// The means mix sizes (a cache's small exact-size blocks among the slabs' allocations,
-    /// pages among the handles); on every price list here the cheaper kind is the cheaper at
-    /// every size from 2 MiB to 1 GiB, so the mix does not turn the choice.
-    pub fn allocation_pays(&self) -> bool {
-        let Some(alloc) = self.alloc.mean_ns() else {
-            return true;
-        };
-        let Some(create) = self.create.mean_ns() else {
-            return false;
-        };
-        let handle = create
-            + self.map.mean_ns().unwrap_or(0)
-            + self.access_per_handle_ns()
-            + self.reserve.mean_ns().unwrap_or(0);
-        alloc <= handle
     }
 
     /// The access grant's price for one handle: cuMemSetAccess grants a whole mapped run at a
@@ -219,7 +195,7 @@ mod tests {
         assert_eq!((d.async_free.calls, d.async_free.ns), (3, 3));
         assert_eq!(d.unmap_sync, OpTally::default());
         assert_eq!(b.total_ns(), 30 + 7 + 3);
-        assert_eq!(a.kinds().len(), 15);
+        assert_eq!(a.kinds().len(), 16);
         b.create.charge(4, 1);
         b.release.charge(2, 1);
         assert_eq!(
@@ -251,28 +227,5 @@ mod tests {
         fast.release.charge(1, 10_000);
         fast.unmap.charge(1, 11_500);
         assert!(!fast.recycling_pays());
-    }
-
-    /// A slab one handle would back whole: the first such slab tries an allocation, the next a
-    /// handle, and then the mean prices decide (the default model: an allocation; vmm-fast.toml:
-    /// a handle).
-    #[test]
-    fn a_whole_slab_goes_to_the_cheaper_of_an_allocation_and_a_handle() {
-        let mut ops = DriverOps::default();
-        assert!(ops.allocation_pays(), "nothing priced: try an allocation");
-        ops.alloc.charge(1, 600_000);
-        assert!(!ops.allocation_pays(), "no handle priced: try one");
-        let mut default = ops;
-        default.create.charge(1, 1_000_000);
-        default.map.charge(1, 1_450);
-        default.set_access.charge(1, 97_000);
-        default.reserve.charge(1, 19_000);
-        assert!(default.allocation_pays());
-        let mut fast = ops;
-        fast.create.charge(1, 40_000);
-        fast.map.charge(1, 1_050);
-        fast.set_access.charge(1, 20_800);
-        fast.reserve.charge(1, 9_000);
-        assert!(!fast.allocation_pays());
     }
 }

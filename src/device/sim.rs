@@ -132,6 +132,9 @@ struct State {
     /// Next driver allocation ends here: driver allocations go down from the top of the
     /// address range, as cudaMalloc's addresses mostly do; reservations go up from it.
     alloc_top: u64,
+    /// What tests wrote to physical pages ([`SimDevice::write_stamp`]), by the page's name: a
+    /// copy carries it, and it goes with the page's memory.
+    stamps: HashMap<DevicePtr, u64>,
 }
 
 /// A simulated GPU. Thread-safe; every call takes one short lock.
@@ -231,6 +234,7 @@ impl SimDeviceBuilder {
                 handles: std::collections::BTreeMap::new(),
                 alias_handles: std::collections::BTreeMap::new(),
                 alloc_top: align_up(0x7f00_0000_0000, align),
+                stamps: HashMap::new(),
             }),
             faults: self.faults,
             vmm: self.vmm,

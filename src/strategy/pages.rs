@@ -298,6 +298,59 @@ impl PageMap {
         bytes
     }
 
+    /// The handles of more than one page that live blocks touch only in part, as (first page,
+    /// pages, pages live blocks touch): each could give back its untouched pages if split
+    /// ([`split`](Self::split)). Cold: a walk of the handles.
+    pub(crate) fn partly_live_handles(&self) -> Vec<(usize, usize, usize)> {
+        let mut found = Vec::new();
+        if !self.larger_handles {
+            return found;
+        }
+        let mut p = 0;
+        while p < self.st.len() {
+            let hd = self.st[p];
+            if hd.head == UNMAPPED {
+                p += 1;
+                continue;
+            }
+            let n = hd.len as usize;
+            if n > 1 && hd.live > 0 && (hd.live as usize) < n {
+                found.push((p, n, hd.live as usize));
+            }
+            p += n.max(1);
+        }
+        found
+    }
+
+    /// The pages of the handle at page `first` that live blocks touch, as byte offsets from
+    /// the handle's start.
+    pub(crate) fn live_pages_of(&self, first: usize) -> Vec<u64> {
+        let n = self.st[first].len as usize;
+        (0..n)
+            .filter(|&i| self.st[first + i].refs > 0)
+            .map(|i| i as u64 * self.page)
+            .collect()
+    }
+
+    /// Records the handle at page `first` split: each page a live block touches is a handle of
+    /// its own, the others unmapped. Returns the bytes unmapped (they were pinned with the
+    /// handle, and are neither now).
+    pub(crate) fn split(&mut self, first: usize) -> u64 {
+        let n = self.st[first].len as usize;
+        let mut unmapped = 0;
+        for p in first..first + n {
+            let pg = &mut self.st[p];
+            if pg.refs > 0 {
+                (pg.head, pg.len, pg.live) = (p as u32, 1, 0);
+            } else {
+                (pg.head, pg.len, pg.live) = (UNMAPPED, 0, 0);
+                unmapped += self.page;
+            }
+        }
+        self.mapped_bytes -= unmapped;
+        unmapped
+    }
+
     /// Runs of whole handles no live block touches, to unmap; marks them unmapped. Stops once
     /// `want` bytes are found (the last handle may pass it).
     pub(crate) fn take_unused_runs(&mut self, want: u64) -> Vec<(u64, u64)> {
@@ -446,7 +499,7 @@ mod tests {
         /// back: every count, and what a block would pin, as the simple model says.
         #[test]
         fn handles_match_a_simple_model(
-            ops in proptest::collection::vec((0u8..5, 0usize..16, 1usize..7, 1usize..4), 1..300)
+            ops in proptest::collection::vec((0u8..6, 0usize..16, 1usize..7, 1usize..4), 1..300)
         ) {
             const P: u64 = 2 << 20;
             const N: usize = 16;
@@ -521,6 +574,27 @@ mod tests {
                             }
                         }
                         proptest::prop_assert_eq!(m.take_unused_runs(want), expect);
+                    }
+                    5 => {
+                        // Split a handle live blocks touch in part: its live pages become
+                        // handles of their own, the rest is unmapped.
+                        let partly: Vec<(usize, usize, usize)> = model
+                            .handles_over(0..N)
+                            .into_iter()
+                            .filter(|&(f, n)| n > 1 && model.live((f, n)))
+                            .map(|(f, n)| (f, n, (f..f + n).filter(|&q| model.refs[q] > 0).count()))
+                            .filter(|&(_, n, live)| live < n)
+                            .collect();
+                        proptest::prop_assert_eq!(m.partly_live_handles(), partly.clone());
+                        let Some(&(f, n, live)) = partly.get(at % partly.len().max(1)) else {
+                            continue;
+                        };
+                        let kept: Vec<u64> = (0..n).filter(|&i| model.refs[f + i] > 0).map(|i| i as u64 * P).collect();
+                        proptest::prop_assert_eq!(m.live_pages_of(f), kept);
+                        proptest::prop_assert_eq!(m.split(f), (n - live) as u64 * P);
+                        for q in f..f + n {
+                            model.handle[q] = (model.refs[q] > 0).then_some((q, 1));
+                        }
                     }
                     _ => {
                         let span = pages(off, bytes, P, N);

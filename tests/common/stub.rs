@@ -75,6 +75,10 @@ pub struct StubHooks {
     /// Calls refused because a capture was under way (a query, sync or event on a capturing
     /// stream; a cuMemFree or cuCtxSynchronize during any capture).
     pub capture_violations: extern "C" fn() -> i32,
+    /// Writes a tag to the mapped page over an address (1), or finds none there (0).
+    pub write_tag: extern "C" fn(u64, u64) -> i32,
+    /// The tag of the mapped page over an address (0: none).
+    pub read_tag: extern "C" fn(u64) -> u64,
 }
 
 pub fn stub_hooks() -> StubHooks {
@@ -115,6 +119,8 @@ pub fn stub_hooks() -> StubHooks {
             begin_capture: sym(lib, c"stub_begin_capture"),
             end_capture: sym(lib, c"stub_end_capture"),
             capture_violations: sym(lib, c"stub_capture_violations"),
+            write_tag: sym(lib, c"stub_write_tag"),
+            read_tag: sym(lib, c"stub_read_tag"),
         }
     }
 }

@@ -287,7 +287,7 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { (void)keep; return po
  * and cuMemRetainAllocationHandle take one) and every mapping unmapped. A page may be mapped at
  * up to MAX_MAPS addresses. */
 typedef unsigned long long CUmemGenericAllocationHandle;
-enum { ATTR_VMM_SUPPORTED = 102, MAX_HANDLES = 1 << 16, MAX_MAPS = 4, STUB_PAGE = 2 << 20 };
+enum { ATTR_VMM_SUPPORTED = 102, MAX_HANDLES = 1 << 16, MAX_MAPS = 4, STUB_PAGE = 2 << 20, ILLEGAL_ADDRESS_COPY = 700 };
 static struct { size_t size; int live, refs, maps; CUdeviceptr va[MAX_MAPS]; } handles[MAX_HANDLES];
 static CUdeviceptr next_va = (CUdeviceptr)1 << 44;
 
@@ -340,11 +340,93 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const vo
     }
     return OUT_OF_MEMORY;
 }
+/* Contents, for tests of what copies keep: a tag per page of a handle (stub_write_tag,
+ * stub_read_tag), carried by cuMemcpyDtoD_v2 and gone with the handle's memory. */
+enum { MAX_TAGS = 1024 };
+static struct { int h; size_t off; unsigned long long v; } tags[MAX_TAGS];
+static void drop_tags(int h) {
+    for (int t = 0; t < MAX_TAGS; t++)
+        if (tags[t].h == h) tags[t].h = 0;
+}
 static void settle(int i) {
     if (handles[i].live && handles[i].refs == 0 && handles[i].maps == 0) {
         used -= handles[i].size;
         handles[i].live = 0;
+        drop_tags(i);
     }
+}
+/* The handle mapped over `va` (anywhere in it) and the page's offset in the handle, or 0. */
+static int mapped_over(CUdeviceptr va, size_t *off) {
+    for (int i = 1; i < MAX_HANDLES; i++)
+        for (int m = 0; handles[i].live && m < handles[i].maps; m++)
+            if (va >= handles[i].va[m] && va < handles[i].va[m] + handles[i].size) {
+                *off = (va - handles[i].va[m]) / STUB_PAGE * STUB_PAGE;
+                return i;
+            }
+    return 0;
+}
+static int tag_slot(int h, size_t off) {
+    for (int t = 0; t < MAX_TAGS; t++)
+        if (tags[t].h == h && tags[t].off == off) return t;
+    return -1;
+}
+static void set_tag(int h, size_t off, unsigned long long v) {
+    int t = tag_slot(h, off);
+    for (int f = 0; t < 0 && f < MAX_TAGS; f++)
+        if (!tags[f].h) t = f;
+    if (t >= 0) { tags[t].h = h; tags[t].off = off; tags[t].v = v; }
+}
+/* Writes `v` to the mapped page over `va`; 0 where nothing is mapped. */
+int stub_write_tag(CUdeviceptr va, unsigned long long v) {
+    size_t off;
+    int h = mapped_over(va, &off);
+    if (!h) return 0;
+    set_tag(h, off, v);
+    return 1;
+}
+/* The tag of the mapped page over `va`, or 0 (nothing mapped, or never written). */
+unsigned long long stub_read_tag(CUdeviceptr va) {
+    size_t off;
+    int h = mapped_over(va, &off), t = h ? tag_slot(h, off) : -1;
+    return t < 0 ? 0 : tags[t].v;
+}
+/* Copies between mapped pages and host memory, whole pages only (all the allocator copies):
+ * a page's tag travels in the first 8 bytes of its host copy. */
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t size) {
+    if (size == 0 || size % STUB_PAGE || src % STUB_PAGE) return INVALID_VALUE;
+    for (size_t o = 0; o < size; o += STUB_PAGE) {
+        size_t so;
+        int sh = mapped_over(src + o, &so);
+        if (!sh) return ILLEGAL_ADDRESS_COPY;
+        int t = tag_slot(sh, so);
+        unsigned long long v = t < 0 ? 0 : tags[t].v;
+        memcpy((char *)dst + o, &v, sizeof v);
+    }
+    return SUCCESS;
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t size) {
+    if (size == 0 || size % STUB_PAGE || dst % STUB_PAGE) return INVALID_VALUE;
+    for (size_t o = 0; o < size; o += STUB_PAGE) {
+        size_t dof;
+        int dh = mapped_over(dst + o, &dof);
+        if (!dh) return ILLEGAL_ADDRESS_COPY;
+        unsigned long long v;
+        memcpy(&v, (const char *)src + o, sizeof v);
+        set_tag(dh, dof, v);
+    }
+    return SUCCESS;
+}
+/* Device-to-device copies of whole mapped pages (all the allocator copies): each page's tag. */
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t size) {
+    if (size == 0 || size % STUB_PAGE || dst % STUB_PAGE || src % STUB_PAGE) return INVALID_VALUE;
+    for (size_t o = 0; o < size; o += STUB_PAGE) {
+        size_t so, dof;
+        int sh = mapped_over(src + o, &so), dh = mapped_over(dst + o, &dof);
+        if (!sh || !dh) return ILLEGAL_ADDRESS_COPY;
+        int t = tag_slot(sh, so);
+        set_tag(dh, dof, t < 0 ? 0 : tags[t].v);
+    }
+    return SUCCESS;
 }
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags) {
     (void)flags;

@@ -42,6 +42,29 @@ impl SimDevice {
     }
 }
 
+impl SimDevice {
+    /// Writes `value` to the mapped page under `ptr` (a stand-in for its contents, for tests
+    /// of what copies keep); false where no page is mapped there.
+    pub fn write_stamp(&self, ptr: DevicePtr, value: u64) -> bool {
+        let page = self.granularity.large_granule;
+        let mut s = self.state.lock();
+        let Some(&phys) = s.mapped_pages.get(&(ptr / page * page)) else {
+            return false;
+        };
+        s.stamps.insert(phys, value);
+        true
+    }
+
+    /// What [`write_stamp`](Self::write_stamp) last wrote to the physical page mapped under
+    /// `ptr`, if that page holds it still.
+    pub fn stamp(&self, ptr: DevicePtr) -> Option<u64> {
+        let page = self.granularity.large_granule;
+        let s = self.state.lock();
+        let phys = s.mapped_pages.get(&(ptr / page * page))?;
+        s.stamps.get(phys).copied()
+    }
+}
+
 impl VirtualMemory for SimDevice {
     fn page_size(&self) -> u64 {
         self.granularity.large_granule
@@ -169,6 +192,9 @@ impl VirtualMemory for SimDevice {
             s.phys_refs.remove(&(src + o));
             s.mapped_pages.insert(ptr + o, ptr + o);
             s.phys_refs.insert(ptr + o, 1);
+            if let Some(v) = s.stamps.remove(&(src + o)) {
+                s.stamps.insert(ptr + o, v);
+            }
         }
         s.reservations.get_mut(&src_base).expect("found above").1 -= bytes;
         s.reservations.get_mut(&dst_base).expect("found above").1 += bytes;
@@ -177,6 +203,83 @@ impl VirtualMemory for SimDevice {
         s.stats.ops.map.charge(n, v.map_ns);
         s.stats.ops.set_access.charge_total(1, v.set_access_ns.total(lens()));
         s.stats.ops.unmap.charge_total(n, v.unmap_ns.total(lens()));
+        Ok(())
+    }
+
+    /// Priced as `CudaDevice` makes it (`cuda_split`): on the device where it has room for the
+    /// pages kept (a scratch range, a page created, mapped and granted there for each, a copy
+    /// each, a wait, the handle unmapped and released, each run of new pages moved into place,
+    /// the range given back), else through host memory (a copy out, the handle unmapped and
+    /// released, the pages created, mapped and granted in place, a copy back). Either way the
+    /// kept pages keep their names and stamps: their contents are where they were.
+    fn split_handle(&self, ptr: DevicePtr, bytes: u64, keep: &[u64]) -> Result<(), DeviceError> {
+        self.captures.check("split_handle");
+        let mut s = self.state.lock();
+        let page = self.page_size();
+        let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
+            return Err(DeviceError::UnknownPointer { ptr });
+        };
+        let whole_first_mapping = (0..bytes)
+            .step_by(page as usize)
+            .all(|o| s.mapped_pages.get(&(ptr + o)) == Some(&(ptr + o)) && s.phys_refs.get(&(ptr + o)) == Some(&1));
+        if s.handles.get(&ptr) != Some(&bytes)
+            || bytes <= page
+            || !whole_first_mapping
+            || keep.windows(2).any(|w| w[0] >= w[1])
+            || keep.iter().any(|&o| o % page != 0 || o >= bytes)
+        {
+            return Err(DeviceError::UnknownPointer { ptr });
+        }
+        let (v, k) = (&self.cost.vmm, keep.len() as u64);
+        let runs = 1 + keep.windows(2).filter(|w| w[1] != w[0] + page).count() as u64;
+        let ops = &mut s.stats.ops;
+        if k > 0 {
+            // The new pages are created first, in a scratch range; the first create is where
+            // a device without room for them refuses.
+            ops.reserve.charge(1, v.reserve_ns);
+            ops.create.charge(1, v.create_ns.ns(page));
+        }
+        let room = k == 0 || self.admit(&mut s, k * page, k * page).is_ok();
+        let ops = &mut s.stats.ops;
+        let grant = |handles: u64| handles * v.set_access_ns.ns(page);
+        if k > 0 && room {
+            // On the device: created, mapped and granted in the scratch range, copied, waited
+            // for; after the handle goes, each run moved into place; the range given back.
+            ops.create.charge(k - 1, v.create_ns.ns(page));
+            ops.map.charge(2 * k, v.map_ns);
+            ops.set_access.charge_total(1 + runs, 2 * grant(k));
+            ops.copy.charge(k, v.copy_ns.ns(page));
+            ops.unmap_sync.charge(1, v.unmap_sync_ns);
+            ops.unmap.charge(k, v.unmap_ns.ns(page));
+            ops.unreserve.charge(1, v.unreserve_ns);
+        } else if k > 0 {
+            // Through host memory: copied out, and once the handle is gone, pages created,
+            // mapped and granted where they were, and copied back.
+            ops.unreserve.charge(1, v.unreserve_ns);
+            ops.copy.charge(2 * k, v.copy_ns.ns(page));
+            ops.create.charge(k, v.create_ns.ns(page));
+            ops.map.charge(k, v.map_ns);
+            ops.set_access.charge_total(runs, grant(k));
+        }
+        ops.unmap.charge(1, v.unmap_ns.ns(bytes));
+        ops.release.charge(1, v.release_ns.ns(bytes));
+        s.handles.remove(&ptr);
+        for &o in keep {
+            s.handles.insert(ptr + o, page);
+        }
+        let mut freed = 0;
+        for o in (0..bytes).step_by(page as usize) {
+            if keep.binary_search(&o).is_err() {
+                s.mapped_pages.remove(&(ptr + o));
+                s.phys_refs.remove(&(ptr + o));
+                s.stamps.remove(&(ptr + o));
+                freed += page;
+            }
+        }
+        s.used -= freed;
+        s.reservations.get_mut(&base).expect("found above").1 -= freed;
+        s.stats.driver_frees += 1;
+        s.stats.allocated_bytes -= freed;
         Ok(())
     }
 
@@ -288,6 +391,7 @@ impl SimDevice {
             let left = *refs;
             if left == 0 {
                 s.phys_refs.remove(&phys);
+                s.stamps.remove(&phys);
                 freed += page;
             } else if !alias {
                 // The first mapping goes while second ones keep the memory (the driver allows
@@ -297,6 +401,9 @@ impl SimDevice {
                 s.orphan_name += page;
                 s.phys_refs.remove(&phys);
                 s.phys_refs.insert(name, left);
+                if let Some(v) = s.stamps.remove(&phys) {
+                    s.stamps.insert(name, v);
+                }
                 for v in s.mapped_pages.values_mut().filter(|v| **v == phys) {
                     *v = name;
                 }

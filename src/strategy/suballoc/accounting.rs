@@ -80,6 +80,13 @@ impl Accounts {
         self.check();
     }
 
+    /// A handle live blocks touched in part was split: `bytes` of its pages that no live block
+    /// touches went back (they were pinned with the handle).
+    pub(super) fn split_off(&mut self, pool: u8, bytes: u64) {
+        self.pinned -= bytes;
+        self.given_back(pool, bytes);
+    }
+
     /// A live block of `size` bytes placed in a slab; the driver would consume `footprint` for
     /// it. What it newly pins follows ([`pinned_more`](Self::pinned_more)).
     #[inline]

@@ -34,11 +34,12 @@ use crate::size::{ALIGNMENT, GIB, MIB};
 /// handles (a create and a map each: 2 MiB pages make a 1 GiB slab 512 handles); large handles
 /// (an eighth of the slab) cost an eighth as many calls and release an eighth of the slab at a
 /// time; a whole slab is one driver allocation that goes back only when empty. `Auto` chooses
-/// per slab: one handle (or one driver allocation, where the prices say it costs no more) where
-/// the strand guard's budget left covers the whole slab, handles of
+/// per slab: one handle where the strand guard's budget left covers the whole slab, handles of
 /// up to 64 MiB while free memory stays above the tight threshold with the slab mapped, pages
-/// otherwise. `Blocks` shapes handles to blocks as they are placed. In policy files
-/// `suballoc.backing = "pages" | "auto" | "large-handles" | "blocks" | "whole"`.
+/// otherwise. `Blocks` shapes handles to blocks as they are placed. Out of memory, a handle of
+/// more than a page that live blocks touch only in part is split (`split_held_handles`): its
+/// live pages copied into pages of their own at the same addresses, the rest given back. In
+/// policy files `suballoc.backing = "pages" | "auto" | "large-handles" | "blocks" | "whole"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SlabBacking {
@@ -47,12 +48,11 @@ pub enum SlabBacking {
     /// ([`Suballoc::set_roomy_above`]), a handle per device page otherwise. The budget is
     /// `bounds.strand_share` of the memory expected free at the peak: at the default quarter
     /// fewer slabs get one handle than at half (`steady_eval`'s 17 workloads at 1.5x peak live:
-    /// 1040 against 81 ms a pass in steady state, 44 against 45 failing runs of the robustness
-    /// grid at passthrough's exact minimum), so a policy choosing `auto` may set the share to 0.5.
+    /// 1049 against 75 ms a pass in steady state, 16 / 3 / 4 against 21 / 4 / 11 failing runs of
+    /// the robustness grid), so a policy choosing `auto` may set the share to 0.5.
     /// Where the policy gives the workload's peak (`bounds.expected_peak`), the budget is all the
-    /// memory free beyond it from the first request. A slab one handle would back whole is one
-    /// driver allocation instead where the prices the device has shown say that costs no more
-    /// ([`DriverOps::allocation_pays`](crate::device::DriverOps::allocation_pays)).
+    /// memory free beyond it from the first request. A slab one handle backs whole stays a
+    /// handle (not one driver allocation, which could not be split on out-of-memory).
     Auto,
     /// A physical handle per device page.
     #[default]

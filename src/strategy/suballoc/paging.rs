@@ -338,6 +338,66 @@ impl Suballoc {
         filled
     }
 
+    /// Out-of-memory's last resort: splits handles of more than a page that live blocks touch
+    /// only in part ([`VirtualMemory::split_handle`](crate::device::VirtualMemory::split_handle)): the pages those blocks touch are copied
+    /// into pages of their own, at the same addresses, and the rest of each handle goes back.
+    /// Handles with the fewest live pages first (the fewest copies, and the least memory the
+    /// split needs while it runs), until `want` bytes are back. Returns the bytes given back.
+    /// Waits for all queued work first, every time: the pages copied hold live blocks.
+    #[cold]
+    pub fn split_held_handles(&mut self, dev: &dyn Device, want: u64) -> u64 {
+        let Some(vmm) = self.paged_vmm(dev) else { return 0 };
+        let page = vmm.page_size();
+        let mut found: Vec<(u32, usize, usize, usize)> = Vec::new();
+        for (id, pm) in self.pages.iter().enumerate() {
+            if let Some(pm) = pm.as_ref().filter(|pm| pm.page_size() == page) {
+                found.extend(
+                    pm.partly_live_handles()
+                        .into_iter()
+                        .map(|(f, n, l)| (id as u32, f, n, l)),
+                );
+            }
+        }
+        if found.is_empty() || self.frozen {
+            return 0;
+        }
+        if let Err(e) = vmm.quiesce() {
+            tracing::error!(error = %e, "cannot wait for queued work; no handle is split");
+            return 0;
+        }
+        self.quiesced_at = Some(self.now);
+        found.sort_by_key(|&(_, _, n, live)| (live, std::cmp::Reverse(n)));
+        let mut released = 0;
+        for (id, first, n, _) in found {
+            if released >= want {
+                break;
+            }
+            let slab = self.slabs[id];
+            let pm = self.pages[id as usize].as_mut().expect("a paged slab");
+            let keep = pm.live_pages_of(first);
+            let at = slab.base + first as u64 * page;
+            match vmm.split_handle(at, n as u64 * page, &keep) {
+                Ok(()) => {
+                    let back = pm.split(first);
+                    self.acct.split_off(slab.pool, back);
+                    released += back;
+                    tracing::info!(
+                        ptr = at,
+                        bytes = n as u64 * page,
+                        kept = keep.len(),
+                        "split a held handle"
+                    );
+                }
+                Err(e) if e.is_out_of_memory() => break,
+                Err(e) => {
+                    tracing::warn!(ptr = at, error = %e, "splitting a held handle failed");
+                    break;
+                }
+            }
+        }
+        released
+    }
+
     /// Unmaps pages no live block touches, in every paged slab, until `want` bytes are given
     /// back; returns the bytes unmapped. Slabs left empty and unmapped drop their reservation.
     pub fn unmap_unused(&mut self, dev: &dyn Device, want: u64) -> u64 {

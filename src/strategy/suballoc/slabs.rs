@@ -127,20 +127,22 @@ impl Suballoc {
             round_up(count.saturating_mul(bytes), granule).min(max_slab)
         };
         let preferred = preferred.min(limit).max(exact);
-        // The handle the slab would be mapped in; a slab one handle would back whole
-        // (`SlabBacking::Auto` within the strand budget) is one driver allocation instead where
-        // the prices say that costs no more (`DriverOps::allocation_pays`): it goes back whole
-        // either way, once no live block is left in it.
-        let paged = self
-            .vmm_for_new(dev)
-            .map(|vmm| {
-                let page = vmm.page_size();
-                let whole = round_up(preferred, page);
-                (vmm, page, whole, self.handle_for(page, whole))
-            })
-            .filter(|&(_, page, whole, handle)| {
-                !(whole > page && handle == whole && dev.stats().ops.allocation_pays())
-            });
+        // The handle the slab would be mapped in. A slab one handle backs whole is that handle,
+        // not one driver allocation, even where an allocation costs less (the default model's
+        // A100 handle prices: a 1 GiB slab 600 us as an allocation, 1116 as a handle; an H200's
+        // 512 MiB 98 against 104): out of memory, a handle a few live blocks hold is split and
+        // gives back the rest (`split_held_handles`), an allocation cannot be. Measured under
+        // `auto` (`scripts/short-peak.sh`, each workload's peak given at 0.5 / 0.75 / 0.9 of
+        // itself, at 1 / 1.05 / 1.1 / 1.2x passthrough's minimum, 17 workloads): 18 runs with
+        // failed requests with allocations, 1 with handles; a second run given its profile's
+        // peak (`scripts/second-run.py`) warms up in 323 / 223 / 210 ms summed at 1.5x / 2x /
+        // 4x peak live against 227 / 113 / 95 with allocations (PyTorch's allocator 236 / 222 /
+        // 221; vmm-fast.toml, where handles were chosen anyway, unchanged).
+        let paged = self.vmm_for_new(dev).map(|vmm| {
+            let page = vmm.page_size();
+            let whole = round_up(preferred, page);
+            (vmm, page, whole, self.handle_for(page, whole))
+        });
         let (base, size, page_map) = match paged {
             Some((vmm, page, _, handle)) => {
                 // Address space is free: reserve the whole slab, map what fits (all of it, or
@@ -177,7 +179,7 @@ impl Suballoc {
                             return Err(e);
                         }
                     };
-                    (PageMap::new(preferred, handle), mapped)
+                    (PageMap::new(preferred, page), mapped)
                 };
                 pm.mark_mapped(0, mapped, handle);
                 (base, preferred, Some(pm))
