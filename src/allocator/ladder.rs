@@ -56,8 +56,8 @@ pub(super) enum Step {
     /// Split slab handles of more than a page that live blocks touch only in part: their live
     /// pages copied into pages of their own at the same addresses, the rest given back
     /// ([`Suballoc::split_held_handles`](crate::strategy::Suballoc::split_held_handles)), as
-    /// far as the request's footprint; then the routed strategy, and the driver through
-    /// another, again.
+    /// far as the request's footprint; then the routed strategy, the driver through another
+    /// and a splice, again. Cold, and dear: it waits for all queued work and copies live pages.
     SplitHandles,
 }
 
@@ -338,8 +338,8 @@ impl<'a> Ladder<'a> {
     }
 
     /// [`Step::SplitHandles`]: handles split in every suballocator as far as the request's
-    /// footprint, then the routed strategy and the driver through another; nothing when no
-    /// handle was split.
+    /// footprint, then the routed strategy, the driver through another and a splice; nothing
+    /// when no handle was split.
     fn split_handles(&mut self) -> Result<Option<Served>, DeviceError> {
         let need = self.dev.footprint_model().consumed(self.aligned);
         let mut released = 0;
