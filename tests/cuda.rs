@@ -302,6 +302,53 @@ fn a_large_handle_maps_in_part_at_an_offset_on_a_gpu() {
     );
 }
 
+/// A handle of eight pages split keeping three (the device's way: a scratch range, copies,
+/// the pages moved into place): each page kept reads what was written to it before, and the
+/// other five pages' memory goes back.
+#[test]
+fn a_split_handle_keeps_its_live_pages_on_a_gpu() {
+    use cudarc::driver::sys;
+    use sys::CUresult::CUDA_SUCCESS as OK;
+    let Some(dev) = vmm_device() else { return };
+    let vmm = dev.vmm().expect("vmm_device checked");
+    let _ctx = cudarc::driver::CudaContext::new(0).expect("a context on device 0");
+    let page = vmm.page_size();
+    let a = vmm.reserve(8 * page).unwrap();
+    vmm.map_handles(a, 8 * page, 8 * page)
+        .expect("one handle of eight pages");
+    for i in 0..8u8 {
+        // SAFETY: `a..a + 8 pages` is mapped with access granted just above.
+        let r = unsafe { sys::cuMemsetD8_v2(a + u64::from(i) * page, i + 1, page as usize) };
+        assert_eq!(r, OK);
+    }
+    let free_before = dev.mem_info().unwrap().free;
+    vmm.quiesce().unwrap();
+    let keep = [page, 4 * page, 6 * page];
+    vmm.split_handle(a, 8 * page, &keep).expect("split on the device");
+    let free_after = dev.mem_info().unwrap().free;
+    let read = |at: u64| {
+        let mut byte = 0u8;
+        // SAFETY: `at` is mapped and readable; one byte into a live local.
+        let r = unsafe { sys::cuMemcpyDtoH_v2((&mut byte as *mut u8).cast(), at, 1) };
+        assert_eq!(r, OK);
+        byte
+    };
+    let seen: Vec<(u8, u8)> = keep.iter().map(|&o| (read(a + o), read(a + o + page - 1))).collect();
+    println!(
+        "split: free memory {free_before} -> {free_after}; pages kept read {seen:?}; copies {:?}",
+        dev.stats().ops.copy
+    );
+    for &o in &keep {
+        vmm.unmap(a + o, page).unwrap();
+    }
+    vmm.unreserve(a).unwrap();
+    assert_eq!(seen, vec![(2, 2), (5, 5), (7, 7)], "each page kept holds what it held");
+    assert!(
+        free_after >= free_before + 4 * page,
+        "five pages went back: {free_before} -> {free_after}"
+    );
+}
+
 /// Queues `n` memsets of `bytes` at `buf` on `stream`, each checked.
 ///
 /// # Safety

@@ -49,6 +49,12 @@ fn gpu_bench_runs_on_a_stub_libcuda() {
     // Every per-handle price is a curve over the sizes measured; the access grant is the one
     // over a run of handles, per handle.
     assert!(written.contains("2MiB run grant"), "{written}");
+    // A page copy timed as a split makes it, on the stub's page tags.
+    assert!(
+        written.contains("# A page kept in a split handle, copied on the device"),
+        "{written}"
+    );
+    assert!(written.contains("\ncopy_ns = "), "{written}");
     // The run grant's price by run length, with none and with 4 other handles mapped (quick).
     for line in [
         "Run grants of 2MiB handles",

@@ -293,6 +293,16 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
             }
         }
     }
+    let copy = match time_page_copies(cuda, page, if quick { 2 } else { 8 }) {
+        Some(ns) => format!(
+            "# A page kept in a split handle, copied on the device (cuMemcpyDtoD, median of the\n\
+             # splits' means, four pages each of an eight-page handle):\ncopy_ns = {ns}\n"
+        ),
+        None => format!(
+            "# Page copies not measured (no room for an eight-page handle); the default's:\ncopy_ns = {}\n",
+            default.copy_ns.ns(page)
+        ),
+    };
     // A price by handle size: the medians at every size measured.
     let curve = |price: fn(&VmmTimings) -> u64| {
         let points: Vec<String> = measured
@@ -312,7 +322,7 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
          {table}{notes}\
          [vmm]\nreserve_ns = {reserve}\nunreserve_ns = {unreserve}\n\
          create_ns = {create}\nmap_ns = {map}\nset_access_ns = {access}\nunmap_ns = {unmap}\n\
-         release_ns = {release}\nunmap_sync_ns = {usync}\n",
+         release_ns = {release}\nunmap_sync_ns = {usync}\n{copy}",
         ps = ByteSize(page),
         sync = small.sync_ns,
         reserve = small.reserve_ns,
@@ -324,6 +334,49 @@ fn calibrate_vmm(cuda: &CudaDevice, quick: bool) -> anyhow::Result<String> {
         release = curve(|t| t.release_ns),
         usync = default.unmap_sync_ns,
     ))
+}
+
+/// The price of a page copy as a split makes it (`VirtualMemory::split_handle`, on the device):
+/// `reps` times, a handle of eight pages mapped, split keeping every other page, and the copies'
+/// time read from the device's own timing by kind; the median of each split's mean. None where
+/// the device has no room for a handle and its copies (a third of its free memory) or a split
+/// fails.
+fn time_page_copies(cuda: &CudaDevice, page: u64, reps: usize) -> Option<u64> {
+    let vmm = cuda.vmm()?;
+    let free = cuda.mem_info().ok()?.free;
+    if 12 * page > free / 3 {
+        return None;
+    }
+    let keep: Vec<u64> = (0..8).step_by(2).map(|i| i * page).collect();
+    let mut means = Vec::new();
+    for _ in 0..reps {
+        let va = vmm.reserve(8 * page).ok()?;
+        if vmm.map_handles(va, 8 * page, 8 * page).is_err() {
+            let _ = vmm.unreserve(va);
+            return None;
+        }
+        let before = cuda.stats().ops.copy;
+        let split = vmm.quiesce().and_then(|()| vmm.split_handle(va, 8 * page, &keep));
+        let after = cuda.stats().ops.copy;
+        match split {
+            Ok(()) => {
+                for &o in &keep {
+                    let _ = vmm.unmap(va + o, page);
+                }
+            }
+            Err(e) => {
+                eprintln!("calibrate: splitting a handle failed ({e}); copy_ns keeps the default's");
+                let _ = vmm.unmap(va, 8 * page);
+                let _ = vmm.unreserve(va);
+                return None;
+            }
+        }
+        let _ = vmm.unreserve(va);
+        let calls = after.calls - before.calls;
+        means.push((after.ns - before.ns) / calls.max(1));
+    }
+    means.sort_unstable();
+    means.get(means.len() / 2).copied()
 }
 
 /// A replay target with every call timed.
