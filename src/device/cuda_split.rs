@@ -123,7 +123,9 @@ impl CudaDevice {
         for (j, &o) in keep.iter().enumerate() {
             self.copy_htod(ptr + o, &buf[j * page as usize..(j + 1) * page as usize])?;
         }
-        Ok(())
+        // A copy from pageable memory may still be on its way to the device when the call
+        // returns; work queued next on a non-blocking stream is not ordered after it.
+        self.synchronize()
     }
 
     /// Copies `bytes` from device address `src` to `dst` (both mapped, read-write), timed as a
@@ -172,7 +174,7 @@ impl CudaDevice {
     }
 
     /// Waits for the device's queued work (the copies), timed as `unmap_sync`: the memory they
-    /// read is unmapped next.
+    /// read is unmapped next, or the memory they write is handed back to the caller's work.
     fn synchronize(&self) -> Result<(), DeviceError> {
         let _current = self.make_current()?;
         // SAFETY: the device's context is current on this thread; the call takes no pointers.

@@ -210,7 +210,7 @@ impl VirtualMemory for SimDevice {
     /// pages kept (a scratch range, a page created, mapped and granted there for each, a copy
     /// each, a wait, the handle unmapped and released, each run of new pages moved into place,
     /// the range given back), else through host memory (a copy out, the handle unmapped and
-    /// released, the pages created, mapped and granted in place, a copy back). Either way the
+    /// released, the pages created, mapped and granted in place, a copy back, a wait). Either way the
     /// kept pages keep their names and stamps: their contents are where they were.
     fn split_handle(&self, ptr: DevicePtr, bytes: u64, keep: &[u64]) -> Result<(), DeviceError> {
         self.captures.check("split_handle");
@@ -260,6 +260,7 @@ impl VirtualMemory for SimDevice {
             ops.create.charge(k, v.create_ns.ns(page));
             ops.map.charge(k, v.map_ns);
             ops.set_access.charge_total(runs, grant(k));
+            ops.unmap_sync.charge(1, v.unmap_sync_ns);
         }
         ops.unmap.charge(1, v.unmap_ns.ns(bytes));
         ops.release.charge(1, v.release_ns.ns(bytes));
