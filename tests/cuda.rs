@@ -229,14 +229,7 @@ fn a_large_handle_maps_in_part_at_an_offset_on_a_gpu() {
     let vmm = dev.vmm().expect("vmm_device checked");
     let _ctx = cudarc::driver::CudaContext::new(0).expect("a context on device 0");
     let page = vmm.page_size();
-    let a = vmm.reserve(4 * page).unwrap();
-    vmm.map_handles(a, 4 * page, 4 * page)
-        .expect("one handle of four pages");
-    for i in 0..4u8 {
-        // SAFETY: `a..a + 4 pages` is mapped with access granted just above.
-        let r = unsafe { sys::cuMemsetD8_v2(a + u64::from(i) * page, i + 1, page as usize) };
-        assert_eq!(r, OK);
-    }
+    let a = filled_handle(vmm, 4);
     let b = vmm.reserve(page).unwrap();
     let free_before = dev.mem_info().unwrap().free;
     let mut handle: sys::CUmemGenericAllocationHandle = 0;
@@ -267,22 +260,15 @@ fn a_large_handle_maps_in_part_at_an_offset_on_a_gpu() {
     // SAFETY: `b` was just mapped; `desc` is one live descriptor.
     assert_eq!(unsafe { sys::cuMemSetAccess(b, page as usize, &desc, 1) }, OK);
     let free_after = dev.mem_info().unwrap().free;
-    let read = |at: u64| {
-        let mut byte = 0u8;
-        // SAFETY: `at` is mapped and readable; one byte into a live local.
-        let r = unsafe { sys::cuMemcpyDtoH_v2((&mut byte as *mut u8).cast(), at, 1) };
-        assert_eq!(r, OK);
-        byte
-    };
-    let seen = (read(b), read(b + page - 1));
+    let seen = (read_byte(b), read_byte(b + page - 1));
     // SAFETY: `b` is mapped with access granted above.
     assert_eq!(unsafe { sys::cuMemsetD8_v2(b, 0x77, page as usize) }, OK);
-    let through_a = read(a + 2 * page);
+    let through_a = read_byte(a + 2 * page);
     // The first mapping goes; the second keeps its page readable, and free memory says whether
     // the driver keeps the whole handle for it (a large handle is given back only whole).
     vmm.unmap(a, 4 * page).unwrap();
     let free_without_a = dev.mem_info().unwrap().free;
-    let still = read(b);
+    let still = read_byte(b);
     // SAFETY: unmaps the one mapping made here.
     assert_eq!(unsafe { sys::cuMemUnmap(b, page as usize) }, OK);
     let free_at_end = dev.mem_info().unwrap().free;
@@ -307,33 +293,20 @@ fn a_large_handle_maps_in_part_at_an_offset_on_a_gpu() {
 /// other five pages' memory goes back.
 #[test]
 fn a_split_handle_keeps_its_live_pages_on_a_gpu() {
-    use cudarc::driver::sys;
-    use sys::CUresult::CUDA_SUCCESS as OK;
     let Some(dev) = vmm_device() else { return };
     let vmm = dev.vmm().expect("vmm_device checked");
     let _ctx = cudarc::driver::CudaContext::new(0).expect("a context on device 0");
     let page = vmm.page_size();
-    let a = vmm.reserve(8 * page).unwrap();
-    vmm.map_handles(a, 8 * page, 8 * page)
-        .expect("one handle of eight pages");
-    for i in 0..8u8 {
-        // SAFETY: `a..a + 8 pages` is mapped with access granted just above.
-        let r = unsafe { sys::cuMemsetD8_v2(a + u64::from(i) * page, i + 1, page as usize) };
-        assert_eq!(r, OK);
-    }
+    let a = filled_handle(vmm, 8);
     let free_before = dev.mem_info().unwrap().free;
     vmm.quiesce().unwrap();
     let keep = [page, 4 * page, 6 * page];
     vmm.split_handle(a, 8 * page, &keep).expect("split on the device");
     let free_after = dev.mem_info().unwrap().free;
-    let read = |at: u64| {
-        let mut byte = 0u8;
-        // SAFETY: `at` is mapped and readable; one byte into a live local.
-        let r = unsafe { sys::cuMemcpyDtoH_v2((&mut byte as *mut u8).cast(), at, 1) };
-        assert_eq!(r, OK);
-        byte
-    };
-    let seen: Vec<(u8, u8)> = keep.iter().map(|&o| (read(a + o), read(a + o + page - 1))).collect();
+    let seen: Vec<(u8, u8)> = keep
+        .iter()
+        .map(|&o| (read_byte(a + o), read_byte(a + o + page - 1)))
+        .collect();
     println!(
         "split: free memory {free_before} -> {free_after}; pages kept read {seen:?}; copies {:?}",
         dev.stats().ops.copy
@@ -347,6 +320,32 @@ fn a_split_handle_keeps_its_live_pages_on_a_gpu() {
         free_after >= free_before + 4 * page,
         "five pages went back: {free_before} -> {free_after}"
     );
+}
+
+/// One handle of `pages` pages, reserved and mapped, page `i` filled with the byte `i + 1`.
+/// A context of device 0 must be current.
+fn filled_handle(vmm: &dyn adaptalloc::device::VirtualMemory, pages: u8) -> u64 {
+    use cudarc::driver::sys;
+    let page = vmm.page_size();
+    let bytes = u64::from(pages) * page;
+    let a = vmm.reserve(bytes).unwrap();
+    vmm.map_handles(a, bytes, bytes).expect("one handle of several pages");
+    for i in 0..pages {
+        // SAFETY: `a..a + bytes` is mapped with access granted just above.
+        let r = unsafe { sys::cuMemsetD8_v2(a + u64::from(i) * page, i + 1, page as usize) };
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    }
+    a
+}
+
+/// The byte at device address `at` (mapped and readable; a context current).
+fn read_byte(at: u64) -> u8 {
+    use cudarc::driver::sys;
+    let mut byte = 0u8;
+    // SAFETY: `at` is mapped and readable (the caller's contract); one byte into a live local.
+    let r = unsafe { sys::cuMemcpyDtoH_v2((&mut byte as *mut u8).cast(), at, 1) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    byte
 }
 
 /// Queues `n` memsets of `bytes` at `buf` on `stream`, each checked.

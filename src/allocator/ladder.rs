@@ -286,13 +286,7 @@ impl<'a> Ladder<'a> {
                     }
                 }
                 Step::HeldHole { strict } => self.held_hole(strict),
-                // The routed strategy has just failed: the driver only through another one.
-                Step::Driver => Some(self.driver_target()).filter(|&i| i != self.routed).and_then(|i| {
-                    let g = self.st.strategies[i]
-                        .allocate(self.dev, self.aligned, self.stream)
-                        .ok()?;
-                    Some((g, i))
-                }),
+                Step::Driver => self.driver_elsewhere(),
                 Step::Splice => self.splice(),
                 Step::SplitHandles => match self.split_handles() {
                     Ok(found) => found,
@@ -316,6 +310,16 @@ impl<'a> Ladder<'a> {
             }
         }
         Err(last)
+    }
+
+    /// [`Step::Driver`] after out-of-memory: the routed strategy has just failed, so the
+    /// driver only through another one.
+    fn driver_elsewhere(&mut self) -> Option<Served> {
+        let i = Some(self.driver_target()).filter(|&i| i != self.routed)?;
+        let g = self.st.strategies[i]
+            .allocate(self.dev, self.aligned, self.stream)
+            .ok()?;
+        Some((g, i))
     }
 
     /// Where [`Step::Driver`] goes: the passthrough strategy, else the routed one.
@@ -359,13 +363,7 @@ impl<'a> Ladder<'a> {
             Ok(g) => return Ok(Some((g, si))),
             Err(e) => e,
         };
-        let di = self.driver_target();
-        if di != si
-            && let Ok(g) = self.st.strategies[di].allocate(self.dev, self.aligned, self.stream)
-        {
-            return Ok(Some((g, di)));
-        }
-        match self.splice() {
+        match self.driver_elsewhere().or_else(|| self.splice()) {
             Some(found) => Ok(Some(found)),
             None => Err(routed),
         }

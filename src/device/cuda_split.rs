@@ -23,18 +23,14 @@
 use cudarc::driver::sys;
 
 use super::cuda::check;
-use super::{CudaDevice, DevicePtr, VirtualMemory};
+use super::{CudaDevice, DevicePtr, VirtualMemory, page_runs, pages_to_keep};
 use crate::error::DeviceError;
 
 impl CudaDevice {
     /// [`VirtualMemory::split_handle`] (module doc).
     pub(super) fn split(&self, ptr: DevicePtr, bytes: u64, keep: &[u64]) -> Result<(), DeviceError> {
         let page = self.page();
-        if bytes <= page
-            || self.handle_at(ptr) != bytes
-            || keep.windows(2).any(|w| w[0] >= w[1])
-            || keep.iter().any(|&o| o % page != 0 || o >= bytes)
-        {
+        if bytes <= page || self.handle_at(ptr) != bytes || !pages_to_keep(keep, page, bytes) {
             return Err(DeviceError::UnknownPointer { ptr });
         }
         let kept = keep.len() as u64 * page;
@@ -64,7 +60,7 @@ impl CudaDevice {
             let _ = self.unreserve(sc);
             return Err(e);
         }
-        for (j, len) in runs(keep, page) {
+        for (j, len) in page_runs(keep, page) {
             let at = ptr + keep[j];
             if let Err(e) = self.move_handles(at, sc + j as u64 * page, len) {
                 // The copies stay mapped in the scratch range, and the blocks on these pages
@@ -93,7 +89,7 @@ impl CudaDevice {
             self.copy_dtoh(chunk, ptr + o)?;
         }
         self.unmap_range(ptr, bytes, true)?;
-        let mapped = runs(keep, page).try_fold(Vec::new(), |mut done, (j, len)| {
+        let mapped = page_runs(keep, page).try_fold(Vec::new(), |mut done, (j, len)| {
             match self.map_range(ptr + keep[j], None, len, page) {
                 Ok(()) => {
                     done.push((j, len));
@@ -183,20 +179,4 @@ impl CudaDevice {
             self.timed(|t| &mut t.unmap_sync, || unsafe { sys::cuCtxSynchronize() }),
         )
     }
-}
-
-/// Runs of consecutive pages in `keep` (ascending page offsets): (index of the first, bytes).
-fn runs(keep: &[u64], page: u64) -> impl Iterator<Item = (usize, u64)> + '_ {
-    let mut j = 0;
-    std::iter::from_fn(move || {
-        if j >= keep.len() {
-            return None;
-        }
-        let start = j;
-        j += 1;
-        while j < keep.len() && keep[j] == keep[j - 1] + page {
-            j += 1;
-        }
-        Some((start, (j - start) as u64 * page))
-    })
 }

@@ -264,6 +264,14 @@ mod tests {
         alias: bool,
     }
 
+    /// Some second mapping may be of `x` (one of its size elsewhere): the device refuses to
+    /// move or split a first mapping with a second one on it, or to map it a second time again.
+    fn aliased(handles: &[Handle], x: &Handle) -> bool {
+        handles
+            .iter()
+            .any(|a| a.alias && a.pages == x.pages && a.page != x.page)
+    }
+
     fn free_run(used: &[bool; PAGES], at: usize, pages: usize) -> bool {
         at + pages <= PAGES && used[at..at + pages].iter().all(|u| !u)
     }
@@ -302,8 +310,7 @@ mod tests {
                         // every `n`th of its pages kept (none where `n` passes it).
                         let i = at % handles.len();
                         let x = handles[i];
-                        let aliased = handles.iter().any(|a| a.alias && a.pages == x.pages && a.page != x.page);
-                        if x.alias || aliased || x.pages < 2 {
+                        if x.alias || aliased(&handles, &x) || x.pages < 2 {
                             continue;
                         }
                         let keep: Vec<u64> = (0..x.pages).step_by(n).filter(|_| n < 3).map(|k| k as u64 * P).collect();
@@ -325,9 +332,6 @@ mod tests {
                         let first = handles[i];
                         // An alias is only unmapped as an alias; a first mapping with a second
                         // one on it is neither moved nor aliased again (the device refuses).
-                        let aliased = |x: &Handle| {
-                            handles.iter().any(|a| a.alias && a.pages == x.pages && a.page != x.page)
-                        };
                         match op {
                             1 => {
                                 // Whole handles from `first` on, adjacent and of one kind.
@@ -347,7 +351,7 @@ mod tests {
                                     handles.drain(i..j);
                                 }
                             }
-                            _ if !first.alias && !aliased(&first) => {
+                            _ if !first.alias && !aliased(&handles, &first) => {
                                 let to = (0..PAGES).map(|k| (at + k) % PAGES).find(|&t| free_run(&used, t, first.pages));
                                 if let Some(t) = to {
                                     let (a, len) = (addr(t), first.pages as u64 * P);

@@ -231,3 +231,25 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// A short human name ("SimDevice 16GiB", "NVIDIA H200").
     fn name(&self) -> String;
 }
+
+/// Whether `keep`, the pages a [`VirtualMemory::split_handle`] of `bytes` keeps, is valid:
+/// page offsets, ascending, inside the handle.
+pub(crate) fn pages_to_keep(keep: &[u64], page: u64, bytes: u64) -> bool {
+    keep.windows(2).all(|w| w[0] < w[1]) && keep.iter().all(|&o| o % page == 0 && o < bytes)
+}
+
+/// Runs of consecutive pages in `keep` (ascending page offsets): (index of the first, bytes).
+pub(crate) fn page_runs(keep: &[u64], page: u64) -> impl Iterator<Item = (usize, u64)> + '_ {
+    let mut j = 0;
+    std::iter::from_fn(move || {
+        if j >= keep.len() {
+            return None;
+        }
+        let start = j;
+        j += 1;
+        while j < keep.len() && keep[j] == keep[j - 1] + page {
+            j += 1;
+        }
+        Some((start, (j - start) as u64 * page))
+    })
+}

@@ -3,7 +3,7 @@
 //! model.
 
 use super::{SimDevice, State};
-use crate::device::{DevicePtr, VirtualMemory};
+use crate::device::{DevicePtr, VirtualMemory, page_runs, pages_to_keep};
 use crate::error::DeviceError;
 use crate::size::{align_up, round_up};
 
@@ -175,10 +175,7 @@ impl VirtualMemory for SimDevice {
             || src_mapped < bytes
             || Self::splits_a_mapping(&s.handles, src, end)
             || pages.clone().any(|o| s.mapped_pages.contains_key(&(ptr + o)))
-            // First mappings with no second one: the page's own name, one reference.
-            || pages.clone().any(|o| {
-                s.mapped_pages.get(&(src + o)) != Some(&(src + o)) || s.phys_refs.get(&(src + o)) != Some(&1)
-            })
+            || !Self::first_mappings_only(&s, src, bytes, page)
         {
             return Err(DeviceError::UnknownPointer { ptr });
         }
@@ -219,19 +216,15 @@ impl VirtualMemory for SimDevice {
         let Some((base, _, _)) = Self::reservation_of(&s, ptr, bytes) else {
             return Err(DeviceError::UnknownPointer { ptr });
         };
-        let whole_first_mapping = (0..bytes)
-            .step_by(page as usize)
-            .all(|o| s.mapped_pages.get(&(ptr + o)) == Some(&(ptr + o)) && s.phys_refs.get(&(ptr + o)) == Some(&1));
         if s.handles.get(&ptr) != Some(&bytes)
             || bytes <= page
-            || !whole_first_mapping
-            || keep.windows(2).any(|w| w[0] >= w[1])
-            || keep.iter().any(|&o| o % page != 0 || o >= bytes)
+            || !Self::first_mappings_only(&s, ptr, bytes, page)
+            || !pages_to_keep(keep, page, bytes)
         {
             return Err(DeviceError::UnknownPointer { ptr });
         }
         let (v, k) = (&self.cost.vmm, keep.len() as u64);
-        let runs = 1 + keep.windows(2).filter(|w| w[1] != w[0] + page).count() as u64;
+        let runs = page_runs(keep, page).count() as u64;
         let ops = &mut s.stats.ops;
         if k > 0 {
             // The new pages are created first, in a scratch range; the first create is where
@@ -296,6 +289,14 @@ impl VirtualMemory for SimDevice {
 }
 
 impl SimDevice {
+    /// Every page of `ptr..ptr+bytes` is a first mapping with no second one: the page's own
+    /// name, one reference (what a move or a split may take).
+    fn first_mappings_only(s: &State, ptr: DevicePtr, bytes: u64, page: u64) -> bool {
+        (0..bytes)
+            .step_by(page as usize)
+            .all(|o| s.mapped_pages.get(&(ptr + o)) == Some(&(ptr + o)) && s.phys_refs.get(&(ptr + o)) == Some(&1))
+    }
+
     /// Backs `ptr..ptr+bytes` with new physical handles of `handle` bytes each (a page multiple
     /// dividing `bytes`): each created and mapped, and access granted once for the range.
     fn map_new(&self, ptr: DevicePtr, bytes: u64, handle: u64) -> Result<(), DeviceError> {

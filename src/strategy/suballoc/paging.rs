@@ -350,7 +350,7 @@ impl Suballoc {
         let page = vmm.page_size();
         let mut found: Vec<(u32, usize, usize, usize)> = Vec::new();
         for (id, pm) in self.pages.iter().enumerate() {
-            if let Some(pm) = pm.as_ref().filter(|pm| pm.page_size() == page) {
+            if let Some(pm) = pm {
                 found.extend(
                     pm.partly_live_handles()
                         .into_iter()
@@ -358,14 +358,9 @@ impl Suballoc {
                 );
             }
         }
-        if found.is_empty() || self.frozen {
+        if found.is_empty() || !self.wait_for_queued_work(dev, true) {
             return 0;
         }
-        if let Err(e) = vmm.quiesce() {
-            tracing::error!(error = %e, "cannot wait for queued work; no handle is split");
-            return 0;
-        }
-        self.quiesced_at = Some(self.now);
         found.sort_by_key(|&(_, _, n, live)| (live, std::cmp::Reverse(n)));
         let mut released = 0;
         for (id, first, n, _) in found {

@@ -275,10 +275,17 @@ impl Suballoc {
     /// every unmap until the next free: the operation count of the last free (`now`) marks it.
     /// False (logged) when the device cannot synchronize; the caller then unmaps nothing.
     pub(super) fn quiesce(&mut self, dev: &dyn Device) -> bool {
+        self.wait_for_queued_work(dev, false)
+    }
+
+    /// [`quiesce`](Self::quiesce), or with `fresh` a new wait even where no free came since the
+    /// last: work may be queued on live blocks at any time, and a split copies them. None of it
+    /// while a capture may be under way (`frozen`).
+    pub(super) fn wait_for_queued_work(&mut self, dev: &dyn Device, fresh: bool) -> bool {
         if self.frozen {
             return false;
         }
-        if self.quiesced_at == Some(self.now) {
+        if !fresh && self.quiesced_at == Some(self.now) {
             return true;
         }
         let Some(vmm) = dev.vmm() else { return true };
