@@ -56,8 +56,10 @@ pub(super) enum Step {
     /// Split slab handles of more than a page that live blocks touch only in part: their live
     /// pages copied into pages of their own at the same addresses, the rest given back
     /// ([`Suballoc::split_held_handles`](crate::strategy::Suballoc::split_held_handles)), as
-    /// far as the request's footprint; then the routed strategy, the driver through another
-    /// and a splice, again. Cold, and dear: it waits for all queued work and copies live pages.
+    /// far as the request's footprint, and where that falls short, handles with free bytes
+    /// inside split into pages so that a splice finds those bytes at page ends; then the routed
+    /// strategy, the driver through another and a splice, again. Cold, and dear: it waits for
+    /// all queued work and copies live pages.
     SplitHandles,
 }
 
@@ -346,15 +348,17 @@ impl<'a> Ladder<'a> {
     /// when no handle was split.
     fn split_handles(&mut self) -> Result<Option<Served>, DeviceError> {
         let need = self.dev.footprint_model().consumed(self.aligned);
-        let mut released = 0;
+        let (mut released, mut changed) = (0, false);
         for s in &mut self.st.strategies {
             if let Strategy::Suballoc(sub) = s
                 && released < need
             {
-                released += sub.split_held_handles(self.dev, need - released);
+                let split = sub.split_held_handles(self.dev, need - released);
+                released += split.released;
+                changed |= split.any();
             }
         }
-        if released == 0 {
+        if !changed {
             return Ok(None);
         }
         self.st.refresh();

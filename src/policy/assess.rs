@@ -141,15 +141,6 @@ pub(crate) struct Plan {
     /// The free memory kept for others now: `bounds.headroom`, and once a cycle is seen no more
     /// than the share of the memory expected free at the peak that the bounds leave to others.
     pub headroom: u64,
-    /// Free memory above `bounds.tight_below`: how large a slab may be and still be backed by
-    /// handles of tens of MiB under `suballoc.backing = "auto"`. None: no handle larger than a
-    /// page, where the policy gives a peak that leaves less than a quarter of it free beyond it
-    /// (not [`peak_known`]). There the device is near full at the peak from the first request,
-    /// and a large handle taken early can strand the request that fills it: with the peak each
-    /// workload showed given, at passthrough's exact minimum and at 1.05x it, 3 and 2 of the 17
-    /// failed requests that pages complete (`training` 9 at the minimum) until the handles were
-    /// pages there.
-    pub roomy_above: Option<u64>,
     pub segregate: bool,
     pub growth: f64,
     /// The workload's peak is known, with room ([`peak_known`]).
@@ -172,7 +163,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
     let seen = cycle_seen || given;
     let spare = spare_at_peak(s, lim, seen);
     let known = peak_known(s, lim, spare);
-    let strand_budget = strand_budget(lim, spare, known, given);
+    let strand_budget = strand_budget(lim, spare, known);
     let IdleBound {
         on_free: on_free_idle,
         target: mut idle_target,
@@ -234,7 +225,6 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         tight,
         slab_limit: s.free.saturating_sub(headroom).min(cap.saturating_sub(s.reserved)),
         headroom,
-        roomy_above: (!given || known).then(|| s.free.saturating_sub(lim.tight_below)),
         segregate: match lim.segregate {
             Segregate::Always => true,
             Segregate::Never => false,
@@ -409,10 +399,12 @@ fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
 }
 
 /// The strand guard's budget (None with the guard off): `bounds.strand_share` of the memory
-/// expected free at the peak, and all of it once the peak is known (a share of 0 stays 0), but
-/// under `auto` only where the policy gives the peak (`bounds.expected_peak`): there the budget
-/// also sizes new slabs' handles, and all of it on a learned peak failed 2 more runs of the
-/// robustness grid from 1.03x. (Under `whole` the peak is never known.) Under
+/// expected free at the peak, and all of it once the peak is known (a share of 0 stays 0).
+/// (Under `whole` the peak is never known.) Under `auto`, where live blocks pin pages, not
+/// handles, and the handles are split out of memory: `small-churn` at 1.5x peak live 968 ->
+/// 0.5 ms a pass in steady state (its exact-size blocks from the guard gone), the robustness
+/// grid the same (7 / 3 / 4); when the budget also sized `auto`'s handles, all of it failed 2
+/// more runs from 1.03x, and only a given peak (`bounds.expected_peak`) had it. Under
 /// `large-handles` all of it took 1.5x and 2x peak live from 15.7 to 13.9 and 0.16 to 0.07 ms a
 /// pass, its grid the same (52 / 35 / 19). Under `blocks` it decides whether an idle
 /// handle a smaller block would cover in part is pinned whole or given back and made again in
@@ -435,9 +427,9 @@ fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
 /// at a quarter and above, 7111 at 0.2, 8045 at 0.1). A quarter's cost: more exact-size
 /// blocks while the peak is unknown (`small-churn`'s warm-up at 1.5x peak live 1107 -> 1514
 /// ms) and `cpu-mobilenetv2-train` at 1.1x passthrough's minimum 0.06 -> 1.22 ms a pass.
-fn strand_budget(lim: &Limits, spare: u64, known: bool, given: bool) -> Option<u64> {
+fn strand_budget(lim: &Limits, spare: u64, known: bool) -> Option<u64> {
     let share = (spare as f64 * lim.strand_share) as u64;
-    let all = known && share > 0 && (given || lim.backing != SlabBacking::Auto);
+    let all = known && share > 0;
     lim.guard.then_some(if all { share.max(spare) } else { share })
 }
 

@@ -318,9 +318,9 @@ fn rules() {
             |p| p.strand_budget == Some(p.spare),
         ),
         (
-            "once the peak is known, the budget stays the share where it sizes handles",
+            "once the peak is known, the budget is all of it with one handle a slab too",
             |s, l, _| (s.free, s.peak_recurred, l.backing) = (7 * GIB, true, SlabBacking::Auto),
-            |p| !p.tight && p.strand_budget == Some((p.spare as f64 * 0.1) as u64),
+            |p| !p.tight && p.strand_budget == Some(p.spare),
         ),
         (
             "once the peak is known, handles shaped to blocks may strand all of the memory free at it",

@@ -399,7 +399,6 @@ impl Engine {
                 sub.set_strand_budget(plan.strand_budget);
                 sub.set_strand_floor(plan.strand_floor);
                 sub.set_slab_limit(plan.slab_limit);
-                sub.set_roomy_above(plan.roomy_above);
                 sub.set_segregate(plan.segregate);
                 sub.set_growth(plan.growth);
                 sub.set_peak_known(plan.peak_known);

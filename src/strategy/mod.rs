@@ -12,7 +12,7 @@ mod suballoc;
 
 pub use caching::{Caching, CachingConfig, Rounding};
 pub use passthrough::Passthrough;
-pub use suballoc::{SlabBacking, Suballoc, SuballocConfig};
+pub use suballoc::{SlabBacking, Split, Suballoc, SuballocConfig};
 
 use serde::{Deserialize, Serialize};
 

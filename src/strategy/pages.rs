@@ -23,6 +23,9 @@ pub(crate) struct PageMap {
     st: Vec<Page>,
     /// Some handle mapped here is larger than a page.
     larger_handles: bool,
+    /// One handle covers every page (a slab backed whole by one handle, `SlabBacking::Auto`):
+    /// its count of touched pages moves by a block's pages at once, with no walk.
+    one_handle: bool,
     pub(crate) mapped_bytes: u64,
     /// Mapped handles no live block touches: memory that can be given back now.
     pub(crate) unused_mapped_bytes: u64,
@@ -58,6 +61,7 @@ impl PageMap {
                 n
             ],
             larger_handles: false,
+            one_handle: false,
             mapped_bytes: 0,
             unused_mapped_bytes: 0,
         }
@@ -95,22 +99,17 @@ impl PageMap {
         self.pages_of(offset, len).all(|p| self.st[p].head != UNMAPPED)
     }
 
-    /// Bytes that a block at `offset..offset+len` would newly pin: its unmapped pages, and the
-    /// whole of every handle under it that no live block touches yet (memory that could
-    /// otherwise go back).
+    /// Bytes that a block at `offset..offset+len` would newly pin: its pages that are not
+    /// mapped or that no live block touches yet. A page is pinned, not its whole handle: out of
+    /// memory, a handle live blocks touch in part is split and gives the rest back
+    /// (`Suballoc::split_held_handles`), so what no release reaches is the touched pages.
     pub(crate) fn unpinned_bytes(&self, offset: u64, len: u64) -> u64 {
-        let mut pages = 0u64;
-        let mut last = UNMAPPED;
-        for p in self.pages_of(offset, len) {
-            let h = self.st[p].head;
-            if h == UNMAPPED {
-                pages += 1;
-            } else if h != last && !self.is_live(h) {
-                pages += u64::from(self.st[h as usize].len);
-            }
-            last = h;
-        }
-        pages * self.page
+        let r = self.pages_of(offset, len);
+        self.st[r]
+            .iter()
+            .filter(|pg| pg.head == UNMAPPED || pg.refs == 0)
+            .count() as u64
+            * self.page
     }
 
     /// Runs `(offset, len)` of unmapped pages that a block at `offset..offset+len` needs.
@@ -136,6 +135,7 @@ impl PageMap {
         let per = (handle / self.page) as usize;
         self.larger_handles |= per > 1;
         let range = self.pages_of(offset, len);
+        self.one_handle = self.mapped_bytes == 0 && range.start == 0 && per == self.st.len();
         for first in range.clone().step_by(per.max(1)) {
             let h = first as u32;
             let pages = first..(first + per).min(range.end);
@@ -158,45 +158,49 @@ impl PageMap {
     }
 
     /// A live block now covers `offset..offset+len` (its pages are mapped). Returns the bytes
-    /// of the handles it pinned (no live block touched them before). Cost: a counter per page,
-    /// and a second per page no live block touched.
+    /// of the pages it pinned (no live block touched them before). Cost: a counter per page;
+    /// where handles are larger than a page and more than one, a second per page no live block
+    /// touched (cold).
     #[inline]
     pub(crate) fn acquire(&mut self, offset: u64, len: u64) -> u64 {
         let range = self.pages_of(offset, len);
-        let mut now_touched = 0u64;
+        let mut now_touched = 0u32;
         for pg in &mut self.st[range.clone()] {
             debug_assert!(pg.head != UNMAPPED, "a live block on an unmapped page");
             pg.refs += 1;
-            now_touched += u64::from(pg.refs == 1);
+            now_touched += u32::from(pg.refs == 1);
         }
-        // Where every handle is a page (a slab backed page by page), each page a live block
-        // now touches is a handle pinned; larger handles are counted in their handle (cold).
-        let pinned = if self.larger_handles {
-            self.handles_touched(range, 1)
+        // The handles' own counts of touched pages, and the idle handles' bytes.
+        let pinned_handles = if !self.larger_handles {
+            u64::from(now_touched) * self.page
+        } else if self.one_handle {
+            self.handle_touched_by(0, now_touched as i32)
         } else {
-            now_touched * self.page
+            self.handles_touched(range, 1)
         };
-        self.unused_mapped_bytes -= pinned;
-        pinned
+        self.unused_mapped_bytes -= pinned_handles;
+        u64::from(now_touched) * self.page
     }
 
-    /// The live block at `offset..offset+len` is gone. Returns the bytes of the handles no
-    /// live block touches any more.
+    /// The live block at `offset..offset+len` is gone. Returns the bytes of the pages no live
+    /// block touches any more.
     #[inline]
     pub(crate) fn release(&mut self, offset: u64, len: u64) -> u64 {
         let range = self.pages_of(offset, len);
-        let mut untouched = 0u64;
+        let mut untouched = 0u32;
         for pg in &mut self.st[range.clone()] {
             pg.refs -= 1;
-            untouched += u64::from(pg.refs == 0);
+            untouched += u32::from(pg.refs == 0);
         }
-        let unpinned = if self.larger_handles {
-            self.handles_touched(range, -1)
+        let freed_handles = if !self.larger_handles {
+            u64::from(untouched) * self.page
+        } else if self.one_handle {
+            self.handle_touched_by(0, -(untouched as i32))
         } else {
-            untouched * self.page
+            self.handles_touched(range, -1)
         };
-        self.unused_mapped_bytes += unpinned;
-        unpinned
+        self.unused_mapped_bytes += freed_handles;
+        u64::from(untouched) * self.page
     }
 
     /// After [`acquire`](Self::acquire) (`by` 1) or [`release`](Self::release) (-1) over
@@ -224,7 +228,14 @@ impl PageMap {
     /// One more (`by` 1) or one fewer (-1) page of handle `h` (of more than one page) is
     /// touched by live blocks; returns the handle's bytes when that pinned or freed it, else 0.
     fn handle_touched(&mut self, h: u32, by: i32) -> u64 {
-        let hd = &mut self.st[h as usize];
+        self.handle_touched_by(h as usize, by)
+    }
+
+    /// `by` more (or fewer, negative) pages of the handle at page `h` are touched by live
+    /// blocks; returns the handle's bytes when that took it from idle to used or back, else 0.
+    #[inline]
+    fn handle_touched_by(&mut self, h: usize, by: i32) -> u64 {
+        let hd = &mut self.st[h];
         let was = hd.live;
         hd.live = hd.live.wrapping_add_signed(by);
         if (was == 0) != (hd.live == 0) {
@@ -291,6 +302,7 @@ impl PageMap {
     fn unmark_idle(&mut self, first: usize) -> u64 {
         let n = self.st[first].len as usize;
         debug_assert!(!self.is_live(first as u32), "only an idle handle goes back");
+        self.one_handle = false;
         for q in first..first + n {
             self.st[q].head = UNMAPPED;
         }
@@ -334,12 +346,31 @@ impl PageMap {
             .collect()
     }
 
+    /// Handles of more than one page, every page of which live blocks touch, under
+    /// `offset..offset+len`: (first page, pages).
+    pub(crate) fn fully_live_handles_over(&self, offset: u64, len: u64) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        let mut last = UNMAPPED;
+        for p in self.pages_of(offset, len) {
+            let h = self.st[p].head;
+            if h == UNMAPPED || h == last {
+                continue;
+            }
+            last = h;
+            let hd = &self.st[h as usize];
+            if hd.len > 1 && hd.live == hd.len {
+                out.push((h as usize, hd.len as usize));
+            }
+        }
+        out
+    }
+
     /// Records the handle at page `first` split: each page a live block touches is a handle of
-    /// its own, the others unmapped. Returns the bytes unmapped (they were pinned with the
-    /// handle, and are neither now).
+    /// its own, the others unmapped. Returns the bytes unmapped (pages no live block touched).
     pub(crate) fn split(&mut self, first: usize) -> u64 {
         let n = self.st[first].len as usize;
         let mut unmapped = 0;
+        self.one_handle = false;
         for p in first..first + n {
             let pg = &mut self.st[p];
             if pg.refs > 0 {
@@ -404,7 +435,8 @@ mod tests {
     }
 
     /// A handle of three pages goes back whole, only once no live block touches any of them;
-    /// a block on one of its pages pins all three.
+    /// a block on one of its pages pins that page (out of memory, the handle is split and the
+    /// rest goes back), and keeps the whole handle from the idle bytes.
     #[test]
     fn a_handle_of_pages_is_pinned_and_released_whole() {
         const P: u64 = 2 << 20;
@@ -412,19 +444,16 @@ mod tests {
         m.mark_mapped(0, 3 * P, 3 * P);
         m.mark_mapped(3 * P, P, P);
         assert_eq!(m.unmapped_runs(0, 8 * P), vec![(4 * P, 4 * P)]);
-        assert_eq!(m.unpinned_bytes(P, 1), 3 * P, "one byte on the handle pins all of it");
+        assert_eq!(m.unpinned_bytes(P, 1), P, "one byte on the handle pins its page");
         assert_eq!(
             m.unpinned_bytes(2 * P, 3 * P),
-            5 * P,
-            "the handle, the page, an unmapped page"
+            3 * P,
+            "a page of the handle, the page, an unmapped page"
         );
-        assert_eq!(m.acquire(P, 1), 3 * P);
-        assert_eq!(
-            m.acquire(2 * P, 2 * P),
-            P,
-            "the handle was pinned already; the page is new"
-        );
-        assert_eq!(m.unpinned_bytes(0, 3 * P), 0);
+        assert_eq!(m.acquire(P, 1), P);
+        assert_eq!(m.unused_mapped_bytes, P, "the handle is no longer idle; the page is");
+        assert_eq!(m.acquire(2 * P, 2 * P), 2 * P, "a page of the handle, and the page");
+        assert_eq!(m.unpinned_bytes(0, 3 * P), P, "page 0 is untouched");
         assert_eq!(
             m.live_handle_at(1),
             Some((0, 3)),
@@ -432,12 +461,13 @@ mod tests {
         );
         assert_eq!(m.live_handle_at(3), Some((3, 1)));
         assert_eq!(m.live_handle_at(4), None, "not mapped");
-        assert_eq!(m.release(P, 1), 0, "another block still touches the handle");
+        assert_eq!(m.release(P, 1), P, "its page is free; another block touches the handle");
+        assert_eq!(m.unused_mapped_bytes, 0);
         assert_eq!(m.release(3 * P, P), P);
         assert_eq!(m.live_handle_at(3), None, "no live block: not held");
         m.acquire(3 * P, P);
         assert_eq!(m.take_unused_runs(u64::MAX), vec![], "nothing is wholly unused");
-        assert_eq!(m.release(2 * P, 2 * P), 4 * P);
+        assert_eq!(m.release(2 * P, 2 * P), 2 * P);
         assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (4 * P, 4 * P));
         assert_eq!(
             m.take_unused_runs(1),
@@ -446,6 +476,31 @@ mod tests {
         );
         assert_eq!(m.take_unused_runs(u64::MAX), vec![(3 * P, P)]);
         assert_eq!((m.mapped_bytes, m.unused_mapped_bytes), (0, 0));
+    }
+
+    /// A slab mapped in one handle counts its touched pages without walking them, and agrees
+    /// with the same handle among others; a split leaves the live pages as handles of their own.
+    #[test]
+    fn one_handle_over_the_slab_counts_as_any_handle() {
+        const P: u64 = 2 << 20;
+        let mut one = PageMap::new(6 * P, P);
+        one.mark_mapped(0, 6 * P, 6 * P);
+        let mut two = PageMap::new(7 * P, P);
+        two.mark_mapped(0, 6 * P, 6 * P);
+        two.mark_mapped(6 * P, P, P);
+        for m in [&mut one, &mut two] {
+            assert_eq!(m.acquire(P / 2, P), 2 * P, "pages 0 and 1");
+            assert_eq!(m.acquire(P, P / 2), 0);
+            assert_eq!(m.unused_mapped_bytes, m.mapped_bytes - 6 * P, "the handle is held");
+            assert_eq!(m.partly_live_handles(), vec![(0, 6, 2)]);
+            assert_eq!(m.release(P / 2, P), P, "page 0 is free; page 1 is not");
+            assert_eq!(m.live_pages_of(0), vec![P]);
+            assert_eq!(m.split(0), 5 * P);
+            assert_eq!(m.live_handle_at(1), Some((1, 1)));
+            assert_eq!(m.release(P, P / 2), P);
+            assert_eq!(m.take_unused_runs(u64::MAX)[0], (P, P));
+        }
+        assert_eq!((one.mapped_bytes, two.mapped_bytes), (0, 0));
     }
 
     /// An idle handle that a block would cover only part of is taken back; one inside the
@@ -530,7 +585,9 @@ mod tests {
                         if off + bytes > N as u64 * P || span.clone().any(|q| model.handle[q].is_none()) {
                             continue;
                         }
-                        let newly: u64 = model
+                        let newly = span.clone().filter(|&q| model.refs[q] == 0).count() as u64 * P;
+                        let idle_before = m.unused_mapped_bytes;
+                        let held: u64 = model
                             .handles_over(span.clone())
                             .into_iter()
                             .filter(|&h| !model.live(h))
@@ -538,6 +595,7 @@ mod tests {
                             .sum();
                         proptest::prop_assert_eq!(m.unpinned_bytes(off, bytes), newly);
                         proptest::prop_assert_eq!(m.acquire(off, bytes), newly);
+                        proptest::prop_assert_eq!(idle_before - m.unused_mapped_bytes, held);
                         for q in span {
                             model.refs[q] += 1;
                         }
@@ -549,13 +607,16 @@ mod tests {
                         for q in span.clone() {
                             model.refs[q] -= 1;
                         }
+                        let untouched = span.clone().filter(|&q| model.refs[q] == 0).count() as u64 * P;
                         let freed: u64 = model
                             .handles_over(span)
                             .into_iter()
                             .filter(|&h| !model.live(h))
                             .map(|(_, n)| n as u64 * P)
                             .sum();
-                        proptest::prop_assert_eq!(m.release(off, bytes), freed);
+                        let idle_before = m.unused_mapped_bytes;
+                        proptest::prop_assert_eq!(m.release(off, bytes), untouched);
+                        proptest::prop_assert_eq!(m.unused_mapped_bytes - idle_before, freed);
                     }
                     3 => {
                         let want = len as u64 * P;
@@ -588,6 +649,12 @@ mod tests {
                             .filter(|&(_, n, live)| live < n)
                             .collect();
                         proptest::prop_assert_eq!(m.partly_live_handles(), partly.clone());
+                        let full: Vec<(usize, usize)> = model
+                            .handles_over(0..N)
+                            .into_iter()
+                            .filter(|&(f, n)| n > 1 && (f..f + n).all(|q| model.refs[q] > 0))
+                            .collect();
+                        proptest::prop_assert_eq!(m.fully_live_handles_over(0, N as u64 * P), full);
                         let Some(&(f, n, live)) = partly.get(at % partly.len().max(1)) else {
                             continue;
                         };

@@ -13,7 +13,8 @@
 //!   `empty <= reserved` when no slab is paged; a paged empty slab may hold fewer mapped bytes.
 //! - `pinned`: bytes that live blocks hold from the device and no release reaches while they
 //!   live (pages a live block touches, whole unpaged slabs with a live block, splices' fresh
-//!   pages). `pinned <= reserved`.
+//!   pages). A page, not its handle: out of memory, a handle live blocks touch in part is split
+//!   and the rest goes back. `pinned <= reserved`.
 //! - `consumed`: what the driver would consume for the live blocks as allocations of their own.
 //!   `pinned - consumed` (when positive) is what the slabs strand.
 
@@ -78,13 +79,6 @@ impl Accounts {
         self.reserved -= bytes;
         self.pool_reserved[pool as usize] -= bytes;
         self.check();
-    }
-
-    /// A handle live blocks touched in part was split: `bytes` of its pages that no live block
-    /// touches went back (they were pinned with the handle).
-    pub(super) fn split_off(&mut self, pool: u8, bytes: u64) {
-        self.pinned -= bytes;
-        self.given_back(pool, bytes);
     }
 
     /// A live block of `size` bytes placed in a slab; the driver would consume `footprint` for

@@ -44,11 +44,9 @@ impl Suballoc {
     fn would_pin(&self, dev: &dyn Device, found: Option<u32>, pad: u64, bytes: u64) -> u64 {
         match found {
             Some(idx) => self.pins(idx, pad, bytes),
+            // A new slab: the block's pages (its handle, where larger, is split out of memory).
             None => match self.vmm_for_new(dev) {
-                Some(vmm) => round_up(
-                    bytes,
-                    self.handle_for(vmm.page_size(), round_up(bytes, vmm.page_size())),
-                ),
+                Some(vmm) => round_up(bytes, vmm.page_size()),
                 None => round_up(bytes, dev.granularity().max(ALIGNMENT)),
             },
         }

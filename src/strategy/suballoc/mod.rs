@@ -20,6 +20,7 @@ mod tests;
 use accounting::Accounts;
 use freelists::FreeLists;
 use paging::Mapping;
+pub use paging::Split;
 
 use super::pages::PageMap;
 use super::slots::Slots;
@@ -29,30 +30,26 @@ use crate::error::DeviceError;
 use crate::hash::FastMap;
 use crate::size::{ALIGNMENT, GIB, MIB};
 
-/// How a new slab is backed by the device. Pages give back free memory inside a slab in use a
-/// page at a time (nothing strands), but the driver's cost goes with the number of physical
-/// handles (a create and a map each: 2 MiB pages make a 1 GiB slab 512 handles); large handles
-/// (an eighth of the slab) cost an eighth as many calls and release an eighth of the slab at a
-/// time; a whole slab is one driver allocation that goes back only when empty. `Auto` chooses
-/// per slab: one handle where the strand guard's budget left covers the whole slab, handles of
-/// up to 64 MiB while free memory stays above the tight threshold with the slab mapped, pages
-/// otherwise. `Blocks` shapes handles to blocks as they are placed. Out of memory, a handle of
+/// How a new slab is backed by the device. The driver's cost goes with the number of physical
+/// handles (a create and a map each: 2 MiB pages make a 1 GiB slab 512 handles), and grows far
+/// slower than their bytes. `Auto` backs each slab with one handle; pages (the default) give
+/// back free memory inside a slab in use a page at a time; large handles (an eighth of the slab)
+/// cost an eighth as many calls; `Blocks` shapes handles to blocks as they are placed; a whole
+/// slab is one driver allocation that goes back only when empty. Out of memory, a handle of
 /// more than a page that live blocks touch only in part is split (`split_held_handles`): its
-/// live pages copied into pages of their own at the same addresses, the rest given back. In
-/// policy files `suballoc.backing = "pages" | "auto" | "large-handles" | "blocks" | "whole"`.
+/// live pages copied into pages of their own at the same addresses, the rest given back; so
+/// live blocks pin their pages, not their handles, under every backing but `Whole`. In policy
+/// files `suballoc.backing = "auto" | "pages" | "large-handles" | "blocks" | "whole"`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SlabBacking {
-    /// One handle per slab where the strand budget left ([`Suballoc::set_strand_budget`])
-    /// covers it, handles of up to 64 MiB while the device has room
-    /// ([`Suballoc::set_roomy_above`]), a handle per device page otherwise. The budget is
-    /// `bounds.strand_share` of the memory expected free at the peak: at the default quarter
-    /// fewer slabs get one handle than at half (`steady_eval`'s 17 workloads at 1.5x peak live:
-    /// 1049 against 75 ms a pass in steady state, 16 / 3 / 4 against 21 / 4 / 11 failing runs of
-    /// the robustness grid), so a policy choosing `auto` may set the share to 0.5.
-    /// Where the policy gives the workload's peak (`bounds.expected_peak`), the budget is all the
-    /// memory free beyond it from the first request. A slab one handle backs whole stays a
-    /// handle (not one driver allocation, which could not be split on out-of-memory).
+    /// One handle per slab (pages where the device has no room for it whole). Out of memory,
+    /// what pages would give back is given back by splitting it, and a handle whose free bytes
+    /// a request could use is split into pages so that a splice finds them at page ends.
+    /// Against pages (`steady_eval`, 17 workloads, ten passes summed, default cost model):
+    /// 1742 / 215 / 208 ms at 1.5x / 2x / 4x peak live against 8102 / 6532 / 6524 (PyTorch's
+    /// allocator 286 / 222 / 221), 20997 against 25300 at 1.1x passthrough's minimum; the same
+    /// robustness grid (7 / 3 / 4 failing runs).
     Auto,
     /// A physical handle per device page.
     #[default]
@@ -176,10 +173,6 @@ pub struct Suballoc {
     /// instead (set by the policy engine: free device memory less the headroom, within the
     /// share cap; `assess::Plan::slab_limit`).
     slab_limit: u64,
-    /// Free device memory above the tight threshold (set by the policy engine): under
-    /// `SlabBacking::Auto`, a new slab no larger than this is backed by handles of tens of MiB;
-    /// None: no handle larger than a page.
-    roomy_above: Option<u64>,
     /// The allocator's operation count at the last free.
     now: u64,
     /// `now` when the device last quiesced ([`quiesce`](Self::quiesce)): unmapping needs no
@@ -228,7 +221,6 @@ impl Suballoc {
             empty: Vec::new(),
             acct: Accounts::default(),
             slab_limit: u64::MAX,
-            roomy_above: Some(0),
             now: 0,
             quiesced_at: None,
             frozen: false,
@@ -415,12 +407,6 @@ impl Suballoc {
     /// slab limit whatever the prices say (see `paging::map_pages`).
     pub fn set_peak_known(&mut self, known: bool) {
         self.peak_known = known;
-    }
-
-    /// Free device memory above the tight threshold, for `SlabBacking::Auto`'s choice of
-    /// handle size; None for pages only (a given peak that leaves the device near full).
-    pub fn set_roomy_above(&mut self, bytes: Option<u64>) {
-        self.roomy_above = bytes;
     }
 
     /// Bytes in wholly empty slabs (releasable); the rest of the idle bytes is free space

@@ -4,12 +4,7 @@
 use super::{NIL, Node, PageMap, Slab, SlabBacking, Suballoc, USED};
 use crate::device::Device;
 use crate::error::DeviceError;
-use crate::size::{ALIGNMENT, MIB, round_up};
-
-/// The largest handle of a slab backed under `SlabBacking::Auto` outside the strand budget:
-/// 64 MiB costs about three 2 MiB handles to create (cost model: 608 us at 128 MiB against
-/// 193 us at 2 MiB) and strands at most 64 MiB where one block is left in it.
-const ROOMY_HANDLE: u64 = 64 * MIB;
+use crate::size::{ALIGNMENT, round_up};
 
 impl Suballoc {
     /// Releases empty slabs until at most `keep` bytes of them remain: newest first, but the
@@ -75,26 +70,10 @@ impl Suballoc {
     /// on a device of `page`.
     pub(super) fn handle_for(&self, page: u64, size: u64) -> u64 {
         match self.config.backing {
-            SlabBacking::Auto => {
-                let Some(roomy_above) = self.roomy_above else {
-                    return page;
-                };
-                // A handle strands all of itself while one live block holds it. One handle
-                // for the slab where the strand guard's budget left covers it; handles of tens
-                // of MiB while the device stays out of tight territory with the slab mapped;
-                // pages in the last margin before the capacity.
-                let left = self
-                    .strand_budget
-                    .map_or(0, |b| b.saturating_sub(self.stranded_bytes()));
-                if size > page && size <= left {
-                    size
-                } else if size > page && size <= roomy_above {
-                    // The largest power of two dividing the slab, at most ROOMY_HANDLE.
-                    (1u64 << size.trailing_zeros()).clamp(page, ROOMY_HANDLE)
-                } else {
-                    page
-                }
-            }
+            // One handle for the whole slab: a create and a map, where pages cost one each per
+            // 2 MiB. Out of memory it is split into pages (`split_held_handles`), so it strands
+            // no more than pages would.
+            SlabBacking::Auto => size.max(page),
             SlabBacking::LargeHandles if size / 8 >= page => (1u64 << (63 - (size / 8).leading_zeros())).max(page),
             // Handles are shaped to blocks as they are placed (`map_for`); the unit is the page.
             SlabBacking::Blocks | SlabBacking::LargeHandles | SlabBacking::Pages | SlabBacking::Whole => page,

@@ -181,9 +181,9 @@ fn blocks_config() -> SuballocConfig {
 }
 
 /// Under `SlabBacking::Blocks` a block gets one handle for the pages it covers whole and a page
-/// for each one it may share. An idle handle that a later, smaller block would cover only in
-/// part is pinned whole while the strand guard has room, and given back first (the block then
-/// gets handles of its own) when the guard has none.
+/// for each one it may share. An idle handle that a later, smaller block covers in part is
+/// pinned by the block's pages only, guard or none: out of memory, the handle is split and its
+/// other pages go back (`split_held_handles`).
 #[test]
 fn blocks_get_handles_shaped_to_them() {
     let config = blocks_config();
@@ -202,18 +202,10 @@ fn blocks_get_handles_shaped_to_them() {
         sub.deallocate(&dev, a.meta, 0, 1);
         let b = sub.allocate_guarded(&dev, 3 * MIB, 0).unwrap().expect("placed");
         let ops = dev.stats().ops;
-        match guard {
-            None => {
-                assert_eq!((ops.create.calls, ops.unmap.calls), (2, 0), "pinned whole");
-                assert_eq!(sub.stranded_bytes(), 8 * MIB - 4 * MIB);
-            }
-            Some(_) => {
-                assert_eq!(ops.unmap.calls, 1, "the 8 MiB handle went back");
-                assert_eq!(ops.create.calls, 4, "a handle of one whole page, and the shared one");
-                assert_eq!(dev.used_bytes(), 6 * MIB);
-                assert_eq!(sub.stranded_bytes(), 0);
-            }
-        }
+        assert_eq!((ops.create.calls, ops.unmap.calls), (2, 0), "placed in the handle");
+        assert_eq!(sub.stranded_bytes(), 0, "its two pages, as the driver would consume");
+        let split = sub.split_held_handles(&dev, 8 * MIB);
+        assert_eq!((split.released, split.into_pages), (4 * MIB, 0), "{guard:?}");
         sub.deallocate(&dev, b.meta, 0, 2);
         sub.release_empty_slabs(&dev, 0);
         assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0), "{guard:?}");
@@ -225,37 +217,55 @@ fn blocks_get_handles_shaped_to_them() {
     }
 }
 
-/// On out-of-memory a splice may start in the free end of a handle larger than a page (under
-/// `SlabBacking::Blocks`): the handle is mapped again whole, the block starts in its free part
-/// and goes on in fresh pages.
+/// A splice starts only in the free end of a page: a larger handle mapped again could not be
+/// split while the splice lived. Out of memory, a handle live blocks touch on every page but
+/// with free bytes inside is split into pages first (nothing goes back), and a splice then
+/// finds those bytes at page ends; the blocks keep their contents.
 #[test]
-fn splices_start_in_free_ends_of_larger_handles() {
-    let config = blocks_config();
-    let dev = SimDevice::new(16 * MIB);
+fn splices_start_in_page_ends_after_a_split_into_pages() {
+    let config = SuballocConfig {
+        page_release: true,
+        min_slab: 8 * MIB,
+        max_slab: 8 * MIB,
+        backing: SlabBacking::Auto,
+        ..SuballocConfig::default()
+    };
+    let dev = SimDevice::new(12 * MIB);
     let mut sub = Suballoc::new(config);
-    let a = sub.allocate(&dev, 10 * MIB, 0).unwrap(); // one handle of five pages
-    let d = sub.allocate(&dev, 2 * MIB, 0).unwrap(); // a page after it
-    sub.deallocate(&dev, a.meta, 0, 1);
-    // Unguarded: pins the whole 10 MiB handle, leaving its last 7 MiB free between two live
-    // blocks' memory.
-    let b = sub.allocate(&dev, 3 * MIB, 0).unwrap();
-    assert_eq!(dev.used_bytes(), 12 * MIB);
-    let err = sub.allocate(&dev, 9 * MIB, 0).unwrap_err();
-    assert!(err.is_out_of_memory(), "{err}");
-    let c = sub
-        .allocate_spliced(&dev, 9 * MIB, 0)
-        .expect("spliced from the handle's free end");
-    assert!(matches!(c.meta, BlockMeta::Spliced { .. }));
-    assert!(dev.is_backed(c.ptr, 9 * MIB));
-    assert_eq!(
-        dev.used_bytes(),
-        14 * MIB,
-        "one fresh page; the rest is the handle's free end"
+    // Eight blocks of 960 KiB, one after another: every page touched.
+    let blocks: Vec<Grant> = (0..8).map(|_| sub.allocate(&dev, 960 * KIB, 0).unwrap()).collect();
+    assert_eq!(dev.stats().ops.create.calls, 1, "one handle for the slab");
+    for (i, g) in blocks.iter().enumerate() {
+        assert!(dev.write_stamp(g.ptr, i as u64 + 1));
+    }
+    // Blocks 3 and 4 go: 1.9 MiB free across the second page's end, every page still touched.
+    let gone = [3, 4];
+    for (now, &i) in gone.iter().enumerate() {
+        sub.deallocate(&dev, blocks[i].meta, 0, now as u64 + 1);
+    }
+    // Stamps are kept by page: what each live block's page holds before the split.
+    let live = || blocks.iter().enumerate().filter(|(i, _)| !gone.contains(i));
+    let before: Vec<Option<u64>> = live().map(|(_, g)| dev.stamp(g.ptr)).collect();
+    assert!(before.iter().all(Option::is_some));
+    assert!(sub.allocate(&dev, 5 * MIB, 0).unwrap_err().is_out_of_memory());
+    assert!(
+        sub.allocate_spliced(&dev, 5 * MIB, 0).is_none(),
+        "no page ends in one handle"
     );
-    sub.free_spliced(&dev, c.meta, 0, 2);
-    assert_eq!(dev.used_bytes(), 12 * MIB);
-    for (g, now) in [(b, 3), (d, 4)] {
-        sub.deallocate(&dev, g.meta, 0, now);
+    let split = sub.split_held_handles(&dev, 6 * MIB);
+    assert_eq!((split.released, split.into_pages), (0, 1), "every page is touched");
+    assert_eq!(
+        dev.stats().ops.copy.calls,
+        8,
+        "each page out to host memory and back (no room)"
+    );
+    let c = sub.allocate_spliced(&dev, 5 * MIB, 0).expect("spliced from page ends");
+    assert!(dev.is_backed(c.ptr, 5 * MIB));
+    let after: Vec<Option<u64>> = live().map(|(_, g)| dev.stamp(g.ptr)).collect();
+    assert_eq!(after, before, "the live blocks kept their contents");
+    sub.free_spliced(&dev, c.meta, 0, 3);
+    for (i, g) in live() {
+        sub.deallocate(&dev, g.meta, 0, 4 + i as u64);
     }
     sub.release_empty_slabs(&dev, 0);
     assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
