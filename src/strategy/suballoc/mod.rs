@@ -48,7 +48,7 @@ pub enum SlabBacking {
     /// a request could use is split into pages so that a splice finds them at page ends.
     /// Against pages (`steady_eval`, 17 workloads, ten passes summed, default cost model):
     /// 1742 / 215 / 208 ms at 1.5x / 2x / 4x peak live against 8102 / 6532 / 6524 (PyTorch's
-    /// allocator 286 / 222 / 221), 20997 against 25300 at 1.1x passthrough's minimum; the same
+    /// allocator 286 / 222 / 221), 20950 against 25300 at 1.1x passthrough's minimum; the same
     /// robustness grid (7 / 3 / 4 failing runs).
     Auto,
     /// A physical handle per device page.
