@@ -10,10 +10,10 @@
 //! from the file, if there is one, and writes back the larger of it and its own when it ends.
 //!
 //! A profile is a bet that the next run is the same workload. A run that passes the profile's
-//! peak warns and learns as without it, and the file then carries the new peak; but the large
-//! handles taken before it passed stay, and near the capacity they can fail requests plain
-//! `cudaMalloc` completes (a peak a quarter short failed some of 17 workloads up to 1.1x
-//! passthrough's smallest device, a tenth short none: `scripts/short-peak.sh`). Give each
+//! peak warns and learns as without it, and the file then carries the new peak; the large
+//! handles taken before it passed stay, but out of memory splits those live blocks hold in part
+//! (a peak given at half, three quarters or nine tenths of the real one failed no request of
+//! 17 workloads from 1 to 1.2x passthrough's smallest device: `scripts/short-peak.sh`). Give each
 //! workload a file of its own, and delete it after growing the batch, the sequence or the model.
 
 use std::path::{Path, PathBuf};

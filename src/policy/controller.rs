@@ -402,6 +402,7 @@ impl Engine {
                 sub.set_segregate(plan.segregate);
                 sub.set_growth(plan.growth);
                 sub.set_peak_known(plan.peak_known);
+                sub.set_split_for_others(plan.reason == assess::OVER_SHARE);
             }
         }
         if s.idle <= plan.idle_target {

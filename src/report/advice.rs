@@ -91,8 +91,8 @@ impl TuningReport {
                 p.suballoc.backing = SlabBacking::Auto;
                 why.push(format!(
                     "{page_creates} physical handles of a page each were created for slabs while the peak was \
-                     unknown, and {never_short}: {} and back slabs by handles the memory free beyond it covers \
-                     (suballoc.backing = \"auto\"; a later run whose peak passes it learns as without it)",
+                     unknown, and {never_short}: {} and back each slab by one handle, split into pages out of \
+                     memory (suballoc.backing = \"auto\"; a later run whose peak passes it learns as without it)",
                     give_text(given)
                 ));
             } else if p.suballoc.backing == SlabBacking::Pages && within_margin {

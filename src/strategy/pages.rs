@@ -21,8 +21,9 @@ pub(crate) struct PageMap {
     shift: Option<u32>,
     /// Each page's state: one bounds check per page on the hot path.
     st: Vec<Page>,
-    /// Some handle mapped here is larger than a page.
-    larger_handles: bool,
+    /// Handles mapped here that are larger than a page (0: every handle is a page, as after a
+    /// split of the last larger one).
+    larger_handles: u32,
     /// One handle covers every page (a slab backed whole by one handle, `SlabBacking::Auto`):
     /// its count of touched pages moves by a block's pages at once, with no walk.
     one_handle: bool,
@@ -60,7 +61,7 @@ impl PageMap {
                 };
                 n
             ],
-            larger_handles: false,
+            larger_handles: 0,
             one_handle: false,
             mapped_bytes: 0,
             unused_mapped_bytes: 0,
@@ -133,7 +134,6 @@ impl PageMap {
     pub(crate) fn mark_mapped(&mut self, offset: u64, len: u64, handle: u64) {
         debug_assert!(handle % self.page == 0 && len % handle == 0, "handles of whole pages");
         let per = (handle / self.page) as usize;
-        self.larger_handles |= per > 1;
         let range = self.pages_of(offset, len);
         self.one_handle = self.mapped_bytes == 0 && range.start == 0 && per == self.st.len();
         for first in range.clone().step_by(per.max(1)) {
@@ -149,6 +149,7 @@ impl PageMap {
             }
             self.st[first].len = pages.len() as u32;
             self.st[first].live = live;
+            self.larger_handles += u32::from(pages.len() > 1);
             let bytes = pages.len() as u64 * self.page;
             self.mapped_bytes += bytes;
             if live == 0 {
@@ -171,7 +172,7 @@ impl PageMap {
             now_touched += u32::from(pg.refs == 1);
         }
         // The handles' own counts of touched pages, and the idle handles' bytes.
-        let pinned_handles = if !self.larger_handles {
+        let pinned_handles = if self.larger_handles == 0 {
             u64::from(now_touched) * self.page
         } else if self.one_handle {
             self.handle_touched_by(0, now_touched as i32)
@@ -192,7 +193,7 @@ impl PageMap {
             pg.refs -= 1;
             untouched += u32::from(pg.refs == 0);
         }
-        let freed_handles = if !self.larger_handles {
+        let freed_handles = if self.larger_handles == 0 {
             u64::from(untouched) * self.page
         } else if self.one_handle {
             self.handle_touched_by(0, -(untouched as i32))
@@ -253,7 +254,7 @@ impl PageMap {
 
     /// Every handle mapped here is one page: any idle one can be moved to any unmapped page.
     pub(crate) fn pages_only(&self) -> bool {
-        !self.larger_handles
+        self.larger_handles == 0
     }
 
     /// Some mapped handle has no live block: a quick test before a walk.
@@ -303,6 +304,7 @@ impl PageMap {
         let n = self.st[first].len as usize;
         debug_assert!(!self.is_live(first as u32), "only an idle handle goes back");
         self.one_handle = false;
+        self.larger_handles -= u32::from(n > 1);
         for q in first..first + n {
             self.st[q].head = UNMAPPED;
         }
@@ -317,7 +319,7 @@ impl PageMap {
     /// ([`split`](Self::split)). Cold: a walk of the handles.
     pub(crate) fn partly_live_handles(&self) -> Vec<(usize, usize, usize)> {
         let mut found = Vec::new();
-        if !self.larger_handles {
+        if self.larger_handles == 0 {
             return found;
         }
         let mut p = 0;
@@ -371,6 +373,7 @@ impl PageMap {
         let n = self.st[first].len as usize;
         let mut unmapped = 0;
         self.one_handle = false;
+        self.larger_handles -= u32::from(n > 1);
         for p in first..first + n {
             let pg = &mut self.st[p];
             if pg.refs > 0 {
@@ -495,7 +498,9 @@ mod tests {
             assert_eq!(m.partly_live_handles(), vec![(0, 6, 2)]);
             assert_eq!(m.release(P / 2, P), P, "page 0 is free; page 1 is not");
             assert_eq!(m.live_pages_of(0), vec![P]);
+            assert!(!m.pages_only());
             assert_eq!(m.split(0), 5 * P);
+            assert!(m.pages_only(), "every handle left is a page: a donor of moved pages");
             assert_eq!(m.live_handle_at(1), Some((1, 1)));
             assert_eq!(m.release(P, P / 2), P);
             assert_eq!(m.take_unused_runs(u64::MAX)[0], (P, P));

@@ -47,8 +47,8 @@ pub enum SlabBacking {
     /// what pages would give back is given back by splitting it, and a handle whose free bytes
     /// a request could use is split into pages so that a splice finds them at page ends.
     /// Against pages (`steady_eval`, 17 workloads, ten passes summed, default cost model):
-    /// 1742 / 215 / 208 ms at 1.5x / 2x / 4x peak live against 8102 / 6532 / 6524 (PyTorch's
-    /// allocator 286 / 222 / 221), 20950 against 25300 at 1.1x passthrough's minimum; the same
+    /// 1747 / 215 / 208 ms at 1.5x / 2x / 4x peak live against 8102 / 6532 / 6524 (PyTorch's
+    /// allocator 286 / 222 / 221), 20356 against 25300 at 1.1x passthrough's minimum; the same
     /// robustness grid (7 / 3 / 4 failing runs).
     Auto,
     /// A physical handle per device page.
@@ -203,6 +203,10 @@ pub struct Suballoc {
     /// page boundary (true) or starting on one ([`placement_pad`](Suballoc::placement_pad),
     /// [`own_slab_pad`](Suballoc::own_slab_pad)).
     next_at_end: bool,
+    /// Idle memory goes back for other processes (the share cap, `assess::OVER_SHARE`): a
+    /// release that idle handles and pages do not cover splits handles live blocks hold in part
+    /// ([`set_split_for_others`](Self::set_split_for_others)).
+    split_for_others: bool,
 }
 
 impl Suballoc {
@@ -232,6 +236,7 @@ impl Suballoc {
             released_over_bound: 0,
             splices: Slots::new(),
             next_at_end: false,
+            split_for_others: false,
         }
     }
 
@@ -407,6 +412,17 @@ impl Suballoc {
     /// slab limit whatever the prices say (see `paging::map_pages`).
     pub fn set_peak_known(&mut self, known: bool) {
         self.peak_known = known;
+    }
+
+    /// Whether the current release is for other processes (set by the policy engine with each
+    /// plan): then a release that idle handles and pages do not cover goes on by splitting
+    /// handles live blocks hold in part, their untouched pages given back. Not for the
+    /// headroom: near the capacity that split, every pass, handles the next pass made again
+    /// (17 workloads at 1.1x passthrough's minimum under `auto`: 378 ms a pass summed, 229
+    /// without). For others, a co-tenant taking half the slack was refused in 4 of 85 runs
+    /// under `auto` without it, none with it (`examples/tenant_eval`).
+    pub fn set_split_for_others(&mut self, on: bool) {
+        self.split_for_others = on;
     }
 
     /// Bytes in wholly empty slabs (releasable); the rest of the idle bytes is free space

@@ -271,6 +271,30 @@ fn splices_start_in_page_ends_after_a_split_into_pages() {
     assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
 }
 
+/// A release for other processes goes on past idle handles and pages by splitting handles live
+/// blocks hold in part; a release for anything else does not.
+#[test]
+fn a_release_for_others_splits_held_handles() {
+    let config = SuballocConfig {
+        page_release: true,
+        min_slab: 8 * MIB,
+        max_slab: 8 * MIB,
+        backing: SlabBacking::Auto,
+        ..SuballocConfig::default()
+    };
+    let dev = SimDevice::new(GIB);
+    let mut sub = Suballoc::new(config);
+    let a = sub.allocate(&dev, 512 * KIB, 0).unwrap();
+    assert_eq!((dev.used_bytes(), sub.idle_bytes()), (8 * MIB, 8 * MIB - 512 * KIB));
+    assert_eq!(sub.release_down_to(&dev, 0, true), 0, "one handle, held");
+    sub.set_split_for_others(true);
+    assert_eq!(sub.release_down_to(&dev, 0, true), 6 * MIB, "its three untouched pages");
+    assert_eq!(dev.used_bytes(), 2 * MIB);
+    sub.deallocate(&dev, a.meta, 0, 1);
+    sub.release_empty_slabs(&dev, 0);
+    assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
+}
+
 /// Paged slabs of 8 MiB each, emptied ones kept.
 fn eight_mib_slabs() -> SuballocConfig {
     SuballocConfig {
