@@ -24,9 +24,6 @@ pub(crate) struct PageMap {
     /// Handles mapped here that are larger than a page (0: every handle is a page, as after a
     /// split of the last larger one).
     larger_handles: u32,
-    /// One handle covers every page (a slab backed whole by one handle, `SlabBacking::Auto`):
-    /// its count of touched pages moves by a block's pages at once, with no walk.
-    one_handle: bool,
     pub(crate) mapped_bytes: u64,
     /// Mapped handles no live block touches: memory that can be given back now.
     pub(crate) unused_mapped_bytes: u64,
@@ -62,7 +59,6 @@ impl PageMap {
                 n
             ],
             larger_handles: 0,
-            one_handle: false,
             mapped_bytes: 0,
             unused_mapped_bytes: 0,
         }
@@ -135,7 +131,6 @@ impl PageMap {
         debug_assert!(handle % self.page == 0 && len % handle == 0, "handles of whole pages");
         let per = (handle / self.page) as usize;
         let range = self.pages_of(offset, len);
-        self.one_handle = self.mapped_bytes == 0 && range.start == 0 && per == self.st.len();
         for first in range.clone().step_by(per.max(1)) {
             let h = first as u32;
             let pages = first..(first + per).min(range.end);
@@ -174,8 +169,8 @@ impl PageMap {
         // The handles' own counts of touched pages, and the idle handles' bytes.
         let pinned_handles = if self.larger_handles == 0 {
             u64::from(now_touched) * self.page
-        } else if self.one_handle {
-            self.handle_touched_by(0, now_touched as i32)
+        } else if self.one_handle() {
+            self.handle_touched(0, now_touched as i32)
         } else {
             self.handles_touched(range, 1)
         };
@@ -195,8 +190,8 @@ impl PageMap {
         }
         let freed_handles = if self.larger_handles == 0 {
             u64::from(untouched) * self.page
-        } else if self.one_handle {
-            self.handle_touched_by(0, -(untouched as i32))
+        } else if self.one_handle() {
+            self.handle_touched(0, -(untouched as i32))
         } else {
             self.handles_touched(range, -1)
         };
@@ -219,23 +214,18 @@ impl PageMap {
                 bytes += if pg.len == 1 {
                     self.page
                 } else {
-                    self.handle_touched(pg.head, by)
+                    self.handle_touched(pg.head as usize, by)
                 };
             }
         }
         bytes
     }
 
-    /// One more (`by` 1) or one fewer (-1) page of handle `h` (of more than one page) is
-    /// touched by live blocks; returns the handle's bytes when that pinned or freed it, else 0.
-    fn handle_touched(&mut self, h: u32, by: i32) -> u64 {
-        self.handle_touched_by(h as usize, by)
-    }
-
-    /// `by` more (or fewer, negative) pages of the handle at page `h` are touched by live
-    /// blocks; returns the handle's bytes when that took it from idle to used or back, else 0.
+    /// `by` more (or fewer, negative) pages of the handle at page `h` (of more than one page)
+    /// are touched by live blocks; returns the handle's bytes when that took it from idle to
+    /// used or back, else 0.
     #[inline]
-    fn handle_touched_by(&mut self, h: usize, by: i32) -> u64 {
+    fn handle_touched(&mut self, h: usize, by: i32) -> u64 {
         let hd = &mut self.st[h];
         let was = hd.live;
         hd.live = hd.live.wrapping_add_signed(by);
@@ -250,6 +240,27 @@ impl PageMap {
     fn is_live(&self, h: u32) -> bool {
         let hd = &self.st[h as usize];
         if hd.len == 1 { hd.refs > 0 } else { hd.live > 0 }
+    }
+
+    /// One handle covers every page (a slab backed whole by one handle, `SlabBacking::Auto`):
+    /// its count of touched pages then moves by a block's pages at once, with no walk. Read
+    /// only where some handle is larger than a page.
+    #[inline]
+    fn one_handle(&self) -> bool {
+        self.st[0].head == 0 && self.st[0].len as usize == self.st.len()
+    }
+
+    /// The first page of each handle under `offset..offset+len`, in order.
+    fn handles_under(&self, offset: u64, len: u64) -> impl Iterator<Item = usize> + '_ {
+        let mut last = UNMAPPED;
+        self.pages_of(offset, len).filter_map(move |p| {
+            let h = self.st[p].head;
+            if h == UNMAPPED || h == last {
+                return None;
+            }
+            last = h;
+            Some(h as usize)
+        })
     }
 
     /// Every handle mapped here is one page: any idle one can be moved to any unmapped page.
@@ -268,16 +279,10 @@ impl PageMap {
     /// placed there would pin all of them for part of their memory.
     fn overhanging_idle(&self, offset: u64, len: u64) -> impl Iterator<Item = usize> + '_ {
         let span = self.pages_of(offset, len);
-        let mut last = UNMAPPED;
-        span.clone().filter_map(move |p| {
-            let h = self.st[p].head;
-            if h == UNMAPPED || h == last {
-                return None;
-            }
-            last = h;
-            let hd = &self.st[h as usize];
-            let (first, n) = (h as usize, hd.len as usize);
-            (n > 1 && hd.live == 0 && (first < span.start || first + n > span.end)).then_some(first)
+        self.handles_under(offset, len).filter(move |&first| {
+            let hd = &self.st[first];
+            let n = hd.len as usize;
+            n > 1 && hd.live == 0 && (first < span.start || first + n > span.end)
         })
     }
 
@@ -303,7 +308,6 @@ impl PageMap {
     fn unmark_idle(&mut self, first: usize) -> u64 {
         let n = self.st[first].len as usize;
         debug_assert!(!self.is_live(first as u32), "only an idle handle goes back");
-        self.one_handle = false;
         self.larger_handles -= u32::from(n > 1);
         for q in first..first + n {
             self.st[q].head = UNMAPPED;
@@ -351,20 +355,10 @@ impl PageMap {
     /// Handles of more than one page, every page of which live blocks touch, under
     /// `offset..offset+len`: (first page, pages).
     pub(crate) fn fully_live_handles_over(&self, offset: u64, len: u64) -> Vec<(usize, usize)> {
-        let mut out = Vec::new();
-        let mut last = UNMAPPED;
-        for p in self.pages_of(offset, len) {
-            let h = self.st[p].head;
-            if h == UNMAPPED || h == last {
-                continue;
-            }
-            last = h;
-            let hd = &self.st[h as usize];
-            if hd.len > 1 && hd.live == hd.len {
-                out.push((h as usize, hd.len as usize));
-            }
-        }
-        out
+        self.handles_under(offset, len)
+            .map(|h| (h, self.st[h].len as usize))
+            .filter(|&(h, n)| n > 1 && self.st[h].live as usize == n)
+            .collect()
     }
 
     /// Records the handle at page `first` split: each page a live block touches is a handle of
@@ -372,7 +366,6 @@ impl PageMap {
     pub(crate) fn split(&mut self, first: usize) -> u64 {
         let n = self.st[first].len as usize;
         let mut unmapped = 0;
-        self.one_handle = false;
         self.larger_handles -= u32::from(n > 1);
         for p in first..first + n {
             let pg = &mut self.st[p];

@@ -257,7 +257,7 @@ impl Suballoc {
         let mut done: Vec<(u64, u64)> = Vec::new();
         let mut result = Ok(());
         let mut i = 0;
-        for (off, len) in page_runs(&todo, page) {
+        for (off, len) in crate::device::page_runs(&todo, page).map(|(j, len)| (todo[j], len)) {
             if let Err(e) = vmm.map_handles(slab.base + off, len, page) {
                 result = Err(e);
                 break;
@@ -550,18 +550,6 @@ impl Suballoc {
         }
         released
     }
-}
-
-/// Page offsets (ascending) as runs of consecutive pages, `(offset, len)`.
-fn page_runs(pages: &[u64], page: u64) -> Vec<(u64, u64)> {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for &p in pages {
-        match runs.last_mut() {
-            Some((s, l)) if *s + *l == p => *l += page,
-            _ => runs.push((p, page)),
-        }
-    }
-    runs
 }
 
 /// Under `SlabBacking::Blocks`, how unmapped `runs` under a block at `start..end` are backed,

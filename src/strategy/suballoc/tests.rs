@@ -223,13 +223,7 @@ fn blocks_get_handles_shaped_to_them() {
 /// finds those bytes at page ends; the blocks keep their contents.
 #[test]
 fn splices_start_in_page_ends_after_a_split_into_pages() {
-    let config = SuballocConfig {
-        page_release: true,
-        min_slab: 8 * MIB,
-        max_slab: 8 * MIB,
-        backing: SlabBacking::Auto,
-        ..SuballocConfig::default()
-    };
+    let config = one_handle_slabs();
     let dev = SimDevice::new(12 * MIB);
     let mut sub = Suballoc::new(config);
     // Eight blocks of 960 KiB, one after another: every page touched.
@@ -275,13 +269,7 @@ fn splices_start_in_page_ends_after_a_split_into_pages() {
 /// blocks hold in part; a release for anything else does not.
 #[test]
 fn a_release_for_others_splits_held_handles() {
-    let config = SuballocConfig {
-        page_release: true,
-        min_slab: 8 * MIB,
-        max_slab: 8 * MIB,
-        backing: SlabBacking::Auto,
-        ..SuballocConfig::default()
-    };
+    let config = one_handle_slabs();
     let dev = SimDevice::new(GIB);
     let mut sub = Suballoc::new(config);
     let a = sub.allocate(&dev, 512 * KIB, 0).unwrap();
@@ -293,6 +281,17 @@ fn a_release_for_others_splits_held_handles() {
     sub.deallocate(&dev, a.meta, 0, 1);
     sub.release_empty_slabs(&dev, 0);
     assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
+}
+
+/// Slabs of 8 MiB, each one handle (`SlabBacking::Auto`).
+fn one_handle_slabs() -> SuballocConfig {
+    SuballocConfig {
+        page_release: true,
+        min_slab: 8 * MIB,
+        max_slab: 8 * MIB,
+        backing: SlabBacking::Auto,
+        ..SuballocConfig::default()
+    }
 }
 
 /// Paged slabs of 8 MiB each, emptied ones kept.
