@@ -117,8 +117,9 @@ pub enum Applied {
     },
     /// The policy gives a peak of its own (`bounds.expected_peak`): the policy wins.
     PolicyGivesPeak,
-    /// The policy does not back slabs by pages under the adaptive engine (a fixed strategy,
-    /// `page_release = false`, or another `suballoc.backing`): a profile changes nothing.
+    /// The policy does not back slabs by handles it can split into pages under the adaptive
+    /// engine (a fixed strategy, `page_release = false`, or `suballoc.backing` other than
+    /// `auto` and `pages`): a profile changes nothing.
     NotPaged,
     /// The workload's peak footprint is over nine tenths of the device, or a run ran out of
     /// memory: pages keep the last margin.
@@ -191,8 +192,9 @@ impl Profile {
     }
 
     /// Gives `policy` the profile's peak where it is the default kind of policy for it: the
-    /// adaptive engine with slabs backed by pages and no peak of its own, on a device of the
-    /// profile's size.
+    /// adaptive engine with slabs backed by handles it can split into pages (`auto`, the
+    /// default, or `pages`, which the peak turns to `auto`) and no peak of its own, on a device
+    /// of the profile's size.
     pub fn apply(&self, policy: &mut Policy, device_total: u64) -> Applied {
         if self.device_total_bytes != device_total {
             return Applied::OtherDevice {
@@ -210,7 +212,7 @@ impl Profile {
         }
         if policy.routing.mode != RoutingMode::Adaptive
             || !policy.suballoc.page_release
-            || policy.suballoc.backing != SlabBacking::Pages
+            || !matches!(policy.suballoc.backing, SlabBacking::Pages | SlabBacking::Auto)
         {
             return Applied::NotPaged;
         }
@@ -321,7 +323,7 @@ impl std::fmt::Display for Applied {
             ),
             Applied::PolicyGivesPeak => f.write_str("the policy gives bounds.expected_peak itself; not used"),
             Applied::NotPaged => f.write_str(
-                "the policy does not back slabs by pages under the adaptive engine; not used (it would change nothing)",
+                "the policy does not back slabs by handles split into pages (suballoc.backing \"auto\" or \"pages\") under the adaptive engine; not used (it would change nothing)",
             ),
             Applied::NearCapacity => f.write_str(
                 "the workload's peak footprint is over nine tenths of the device, or a run ran out of memory; \

@@ -125,35 +125,51 @@ fn extreme_sizes_are_typed_errors() {
     }
 }
 
+/// An injected driver failure reaches the caller as a clear, transient out-of-memory error,
+/// and the allocator stays usable. Where slabs are one handle each, a refused handle falls back
+/// to pages (a second driver call) and the request is served; a second refusal reaches the
+/// caller.
 #[test]
 fn injected_driver_failure_is_a_clear_oom_and_the_allocator_stays_usable() {
     for (name, config) in all_configs() {
-        let dev = Arc::new(
-            SimDevice::builder()
-                .capacity(8 * GIB)
-                .cost_model(CostModel::zero())
-                .faults(FaultPlan {
-                    fail_nth: vec![2],
-                    ..Default::default()
-                })
-                .build(),
-        );
-        // No release on OOM: the injected failure must reach the caller.
-        let alloc = match config {
-            Setup::Strategy(strategy) => Allocator::new(
-                dev.clone() as Arc<dyn Device>,
-                AllocatorConfig {
-                    strategy,
-                    release_on_oom: false,
-                },
-            ),
-            Setup::Policy(mut policy) => {
-                policy.oom.release_and_retry = false;
-                Allocator::with_policy(dev.clone() as Arc<dyn Device>, *policy)
-            }
+        let run = |fail_nth: Vec<u64>| {
+            let dev = Arc::new(
+                SimDevice::builder()
+                    .capacity(8 * GIB)
+                    .cost_model(CostModel::zero())
+                    .faults(FaultPlan {
+                        fail_nth,
+                        ..Default::default()
+                    })
+                    .build(),
+            );
+            // No release on OOM: the injected failure must reach the caller.
+            let alloc = match config.clone() {
+                Setup::Strategy(strategy) => Allocator::new(
+                    dev.clone() as Arc<dyn Device>,
+                    AllocatorConfig {
+                        strategy,
+                        release_on_oom: false,
+                    },
+                ),
+                Setup::Policy(mut policy) => {
+                    policy.oom.release_and_retry = false;
+                    Allocator::with_policy(dev.clone() as Arc<dyn Device>, *policy)
+                }
+            };
+            let first = alloc.allocate_raw(3 * GIB, 0).unwrap();
+            let second = alloc.allocate_raw(5 * GIB / 2, 0);
+            (dev, alloc, first, second)
         };
-        let first = alloc.allocate_raw(3 * GIB, 0).unwrap();
-        let err = alloc.allocate_raw(5 * GIB / 2, 0).unwrap_err();
+        let (mut dev, mut alloc, mut first, mut second) = run(vec![2]);
+        if let Ok(p) = second {
+            // Served after the refusal: by pages, where the slab was to be one handle.
+            assert_eq!(dev.stats().failed_allocs, 1, "{name}: served without a refusal");
+            check_invariants(name, &alloc, &dev, &[(first, 3 * GIB, 0), (p, 5 * GIB / 2, 0)]);
+            assert_eq!(alloc.stats().failed_allocs, 0, "{name}");
+            (dev, alloc, first, second) = run(vec![2, 3]);
+        }
+        let err = second.expect_err(name);
         assert!(err.is_transient(), "{name}: {err:?}");
         let text = err.to_string();
         for want in [

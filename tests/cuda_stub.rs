@@ -210,11 +210,13 @@ fn child() {
         "a copy for each page kept, two through the host"
     );
     assert_eq!(st.driver_ns, o.total_ns(), "{o:?}");
-    // The default policy uses page-backed slabs there: pages freed inside a slab that still
-    // holds live blocks go back to the driver.
+    // With slabs a handle per page, pages freed inside a slab that still holds live blocks go
+    // back to the driver.
     let dev: Arc<dyn Device> = Arc::new(dev);
     {
-        let a = Contender::Adaptive.build(dev.clone()).expect("ours");
+        let mut pages = adaptalloc::policy::Policy::default();
+        pages.suballoc.backing = adaptalloc::strategy::SlabBacking::Pages;
+        let a = Allocator::with_policy(dev.clone(), pages);
         let blocks: Vec<u64> = (0..64).map(|_| a.allocate_raw(PAGE / 2, 0).unwrap()).collect();
         // Keep one block in eight: every slab of more than four pages keeps a live block.
         for (i, p) in blocks.iter().enumerate() {
@@ -365,6 +367,7 @@ fn unmap_child() {
     assert!(dev.vmm_page_size().is_some(), "the stub has VMM: slabs are paged");
     let paged = SuballocConfig {
         page_release: true,
+        backing: adaptalloc::strategy::SlabBacking::Pages,
         ..SuballocConfig::default()
     };
     let alloc = Allocator::new(

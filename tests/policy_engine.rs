@@ -324,10 +324,13 @@ fn no_share_beyond_the_peak() -> Policy {
     p
 }
 
-/// Idle memory aged out after 1,000 operations (the default waits 200,000).
+/// Idle memory aged out after 1,000 operations (the default waits 200,000), with slabs a
+/// handle per page: each release a bound makes costs a create a page when the memory comes
+/// back (with one handle a slab, one create: 21 over 20 steps here, and no advice).
 fn aged_out_early() -> Policy {
     let mut p = no_share_beyond_the_peak();
     p.bounds.idle_age_ops = 1000;
+    p.suballoc.backing = SlabBacking::Pages;
     p
 }
 
@@ -401,8 +404,8 @@ fn the_report_recommends_a_larger_idle_bound_when_the_bound_costs_driver_calls()
     );
 }
 
-/// Slabs mapped page by page on a device the run never came near filling: the report
-/// recommends whole slabs, and the recommendation fed back maps no page and takes less modelled
+/// Slabs mapped page by page (`backing = "pages"`) on a device the run never came near filling:
+/// the report recommends whole slabs, and the recommendation fed back maps no page and takes less modelled
 /// driver time, failing nothing. On a device the run comes near filling without running short,
 /// it recommends the peak the run showed, given from the first request, with slabs in handles
 /// the memory free beyond it covers, which also fail nothing and cost less; on one it fills to
@@ -417,10 +420,12 @@ fn the_report_recommends_whole_slabs_where_pages_bought_nothing() {
         let m = adaptalloc_cli::trace::replay(&t, &alloc);
         (alloc.report().unwrap(), m, dev.stats().ops.create.calls)
     };
-    // The run on the default policy, its report's backing, and the recommendation fed back:
-    // (creates, modelled ms) of both runs, the second failing nothing.
+    let mut paged = Policy::default();
+    paged.suballoc.backing = SlabBacking::Pages;
+    // The run with slabs a handle per page, its report's backing, and the recommendation fed
+    // back: (creates, modelled ms) of both runs, the second failing nothing.
     let advised = |capacity: u64, want: SlabBacking| {
-        let (report, m, creates) = run(Policy::default(), capacity);
+        let (report, m, creates) = run(paged.clone(), capacity);
         let p = &report.recommended_policy;
         assert!(creates > 0 && m.failed_allocs == 0);
         assert_eq!(p.suballoc.backing, want, "{:?}", report.recommendations);
@@ -452,8 +457,13 @@ fn the_report_recommends_whole_slabs_where_pages_bought_nothing() {
     );
     let peak = report.memory.peak_footprint_bytes;
     assert_eq!(report.recommended_policy.bounds.expected_peak, Some(ByteSize(peak)));
+    // The default backs each slab by one handle already: the advice gives the peak alone.
+    let (auto, _, _) = run(Policy::default(), 9_340_000_000);
+    let p = &auto.recommended_policy;
+    assert_eq!(p.suballoc.backing, SlabBacking::Auto, "{:?}", auto.recommendations);
+    assert_eq!(p.bounds.expected_peak, Some(ByteSize(auto.memory.peak_footprint_bytes)));
     // A device the run fills to its last tenth (1.1x its peak): pages stay.
-    let (full, _, _) = run(Policy::default(), 6_850_000_000);
+    let (full, _, _) = run(paged, 6_850_000_000);
     assert_eq!(full.recommended_policy.suballoc.backing, SlabBacking::Pages);
     // A live run's report (written at exit, with no trace to replay) says its advice was not
     // replayed, after the changes it recommends; one that recommends none adds nothing.
@@ -542,8 +552,8 @@ fn free_memory_is_sampled_less_while_nothing_else_changes_it() {
     assert_eq!(dev.tenant_failures(), 0);
 }
 
-/// Pages are moved where the prices say a move is cheaper than a create (and a release
-/// elsewhere), and created where they say it is not: the engine reads the prices the device
+/// Slabs a handle per page (`backing = "pages"`): pages are moved where the prices say a move
+/// is cheaper than a create (and a release elsewhere), and created where they say it is not: the engine reads the prices the device
 /// has shown (`DriverOps::recycling_pays`). The bundled training workload at 1.1x passthrough's
 /// minimum, 10 passes: under the default model (a move about 63 us, a create and a release 203)
 /// thousands of idle pages are moved where new ones would have taken the headroom, and fewer
@@ -556,7 +566,9 @@ fn pages_are_moved_or_created_as_the_prices_say() {
     let vmm_fast = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tuning/cost-models/vmm-fast.toml");
     let run = |cost: CostModel| {
         let dev = Arc::new(SimDevice::builder().capacity(cap).cost_model(cost).build());
-        let alloc = Allocator::adaptive(dev.clone() as Arc<dyn Device>);
+        let mut pages = Policy::default();
+        pages.suballoc.backing = SlabBacking::Pages;
+        let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, pages);
         let m = replay_with(
             &t,
             &alloc,

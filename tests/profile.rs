@@ -1,6 +1,6 @@
 //! Workload profiles (`ADAPTALLOC_PROFILE`, `adaptalloc::profile`) through the allocator: a
-//! run writes the peak it showed when it is dropped; the next run of the same workload, given
-//! that peak, backs memory with large handles from its first request.
+//! run writes the peak it showed when it is dropped; the next run of the same workload is
+//! given that peak from its first request.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,8 +23,18 @@ fn scratch(name: &str) -> PathBuf {
 /// with the profile at `path` read first and updated when the allocator is dropped, as
 /// `from_env` does.
 fn run_priced(trace: &Trace, capacity: u64, path: &Path, cost: CostModel) -> (Option<Applied>, ReplayMetrics) {
+    run_under(trace, capacity, path, cost, Policy::default())
+}
+
+/// [`run_priced`] with `policy` before the profile is applied.
+fn run_under(
+    trace: &Trace,
+    capacity: u64,
+    path: &Path,
+    cost: CostModel,
+    mut policy: Policy,
+) -> (Option<Applied>, ReplayMetrics) {
     let dev = Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost).build());
-    let mut policy = Policy::default();
     let applied = apply_file(path, &mut policy, capacity).unwrap();
     let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, policy);
     alloc.set_profile_path(Some(path.to_path_buf()), applied.is_some_and(Applied::gave_peak));
@@ -55,9 +65,11 @@ fn assert_allocs_cut(first: &ReplayMetrics, second: &ReplayMetrics, parts: u64) 
     );
 }
 
-/// The bundled training workload at twice its peak live: the first run backs its slabs with
-/// 2 MiB pages while it learns its peak; the second, given that peak by the profile the first
-/// wrote, creates a tenth of the handles or fewer, fails nothing, and counts itself.
+/// The bundled training workload at twice its peak live, with slabs a handle per page
+/// (`backing = "pages"`): the first run backs its slabs with 2 MiB pages while it learns its
+/// peak; the second, given that peak by the profile the first wrote, backs each slab by one
+/// handle, creates a tenth of the handles or fewer, fails nothing, and counts itself. Under the
+/// default (one handle a slab already) the second run is given the peak and costs no more.
 #[test]
 fn a_second_run_given_the_profile_creates_far_fewer_handles() {
     let spec = WorkloadSpec::bundled("training").unwrap();
@@ -65,7 +77,18 @@ fn a_second_run_given_the_profile_creates_far_fewer_handles() {
     let capacity = 2 * trace.peak_live_bytes().div_ceil(2 << 20) * (2 << 20);
     let path = scratch("second");
     let _ = std::fs::remove_file(&path);
+    let (_, first) = run(&trace, capacity, &path);
+    let (applied, second) = run(&trace, capacity, &path);
+    assert!(applied.is_some_and(Applied::gave_peak), "{applied:?}");
+    assert_eq!((first.failed_allocs, second.failed_allocs), (0, 0));
+    assert!(second.modeled_driver_ns <= first.modeled_driver_ns);
+    std::fs::remove_file(&path).unwrap();
 
+    let mut pages = Policy::default();
+    pages.suballoc.backing = adaptalloc::strategy::SlabBacking::Pages;
+    let run = |trace: &Trace, capacity: u64, path: &Path| {
+        run_under(trace, capacity, path, CostModel::default(), pages.clone())
+    };
     let (applied, first) = run(&trace, capacity, &path);
     assert_eq!(applied, None, "no file yet: nothing applied");
     let p = Profile::read(&path).unwrap().expect("the first run wrote a profile");

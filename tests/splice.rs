@@ -122,6 +122,7 @@ fn paged_slabs(dev: &Arc<SimDevice>, min_slab: u64, max_slab: u64) -> Allocator 
         min_slab,
         max_slab,
         page_release: true,
+        backing: adaptalloc::strategy::SlabBacking::Pages,
         ..SuballocConfig::default()
     };
     Allocator::new(

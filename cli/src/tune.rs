@@ -132,6 +132,7 @@ fn variants(base: &Policy) -> Vec<(String, Policy)> {
     // warm-up (README, "The cost model"), and which one is cheapest depends on the prices.
     for backing in [
         SlabBacking::Auto,
+        SlabBacking::Pages,
         SlabBacking::Blocks,
         SlabBacking::LargeHandles,
         SlabBacking::Whole,

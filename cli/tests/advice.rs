@@ -14,8 +14,8 @@ use adaptalloc_cli::advice::{check_advice, run_with_advice};
 use adaptalloc_cli::synth::WorkloadSpec;
 use adaptalloc_cli::trace::{PassTimes, ReplayMetrics};
 
-/// The bundled training workload at 1.5x its peak: page handles cost 193 us each under the
-/// default model, and of the larger handles replayed (shaped to blocks, or sized to the memory
+/// The bundled training workload at 1.5x its peak, slabs a handle per page: page handles cost
+/// 193 us each under the default model, and of the larger handles replayed (shaped to blocks, or sized to the memory
 /// free beyond the peak the run showed, given from the first request) the advice keeps the
 /// cheaper, the peak given. Under vmm-fast (7.6 us a create, but 20.8 us of access grant for
 /// each page a run maps) it is kept too. On a driver where a handle and an allocation cost in
@@ -29,7 +29,7 @@ fn the_backing_advice_follows_the_prices() {
     let capacity = t.peak_live_bytes() * 3 / 2;
     let vmm_fast = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tuning/cost-models/vmm-fast.toml");
     let advise = |cost: CostModel| {
-        run_with_advice(&t, &Policy::default(), Default::default(), || {
+        run_with_advice(&t, &pages(), Default::default(), || {
             Arc::new(SimDevice::builder().capacity(capacity).cost_model(cost.clone()).build())
         })
     };
@@ -92,6 +92,14 @@ fn the_backing_advice_follows_the_prices() {
     );
 }
 
+/// The default policy with slabs a handle per page (`backing = "pages"`), the default before
+/// one handle a slab: the run whose page creates the backing advice answers.
+fn pages() -> Policy {
+    let mut p = Policy::default();
+    p.suballoc.backing = SlabBacking::Pages;
+    p
+}
+
 /// The report names a change that its replay weighed and did not keep.
 fn replayed_not_kept(report: &TuningReport, change: &str) -> bool {
     report
@@ -100,8 +108,9 @@ fn replayed_not_kept(report: &TuningReport, change: &str) -> bool {
         .any(|r| r.starts_with("also replayed, not kept") && r.contains(change))
 }
 
-/// A real tuning report of the bundled training workload at 1.5x its peak (its recommendation
-/// differs from the default policy), the run it came from, and the device's capacity.
+/// A real tuning report of the bundled training workload at 1.5x its peak, slabs a handle per
+/// page (its recommendation changes the backing), the run it came from, and the device's
+/// capacity.
 fn advice_case() -> (TuningReport, ReplayMetrics, u64) {
     use adaptalloc::Allocator;
     use adaptalloc::device::Device;
@@ -111,12 +120,12 @@ fn advice_case() -> (TuningReport, ReplayMetrics, u64) {
     let t = spec.generate(spec.seed);
     let capacity = t.peak_live_bytes() * 3 / 2;
     let dev = Arc::new(SimDevice::new(capacity));
-    let alloc = Allocator::with_policy(dev as Arc<dyn Device>, Policy::default());
+    let alloc = Allocator::with_policy(dev as Arc<dyn Device>, pages());
     let ran = replay(&t, &alloc);
     let report = alloc.report().unwrap();
     assert_ne!(
         report.recommended_policy.suballoc,
-        Policy::default().suballoc,
+        pages().suballoc,
         "a change to judge"
     );
     (report, ran, capacity)
@@ -136,8 +145,9 @@ fn figures(total_ms: u64, warmup_ms: u64, steady_us: u64) -> ReplayMetrics {
     }
 }
 
-/// `report`'s advice judged by `check_advice` with the default policy's replays standing as
-/// `used` and every other policy's as `advised`: the report after, and whether advice was kept.
+/// `report`'s advice judged by `check_advice` with the used policy's ([`pages`]) replays
+/// standing as `used` and every other policy's as `advised`: the report after, and whether
+/// advice was kept.
 fn judged(
     report: &TuningReport,
     ran: &ReplayMetrics,
@@ -145,7 +155,7 @@ fn judged(
     used: ReplayMetrics,
     advised: ReplayMetrics,
 ) -> (TuningReport, bool) {
-    let policy = Policy::default();
+    let policy = pages();
     let mut r = report.clone();
     let kept = check_advice(&mut r, &policy, ran, 0, capacity, Default::default(), |p, _| {
         if *p == policy { used } else { advised }
@@ -202,7 +212,7 @@ fn advice_whose_dearer_warm_up_the_later_passes_repay_is_kept() {
 
 /// Where memory ran short, the report's alternative (larger slabs) is replayed beside its
 /// recommendation (segregated slabs) and the better one kept: the bundled `phase-change` at
-/// 1.1x passthrough's minimum moved pages between slabs every step (7 ms a pass), which larger
+/// 1.1x passthrough's minimum, slabs a handle per page, moved pages between slabs every step (7 ms a pass), which larger
 /// slabs end, while segregated slabs cost more on every pass; the report names the one not
 /// kept. A run with room and no pressure offers no alternative.
 #[test]
@@ -218,9 +228,9 @@ fn where_memory_ran_short_larger_slabs_are_replayed_beside_segregated_ones() {
         repeat: 10,
         ..ReplayOptions::default()
     };
-    let run = run_with_advice(&t, &Policy::default(), options, || Arc::new(SimDevice::new(tight)));
+    let run = run_with_advice(&t, &pages(), options, || Arc::new(SimDevice::new(tight)));
     // Beside it, the peak the run showed, given (the backing as it was: memory ran short).
-    let alternatives = run.report.alternatives(&Policy::default());
+    let alternatives = run.report.alternatives(&pages());
     assert_eq!(alternatives.len(), 2, "{alternatives:?}");
     let given = &alternatives[0].0;
     assert!(given.bounds.expected_peak.is_some() && given.suballoc.backing == SlabBacking::Pages);
@@ -256,9 +266,9 @@ fn where_memory_ran_short_larger_slabs_are_replayed_beside_segregated_ones() {
     // Where the run's peak came to the device's last tenth, the peak is given with the backing
     // as it was: no handle larger than a page.
     let near = run.report.memory.peak_footprint_bytes * 21 / 20;
-    let close = run_with_advice(&t, &Policy::default(), options, || Arc::new(SimDevice::new(near)));
+    let close = run_with_advice(&t, &pages(), options, || Arc::new(SimDevice::new(near)));
     // (Replayed, the peak given may be the advice kept, or an alternative beside it.)
-    let mut offered = close.report.alternatives(&Policy::default());
+    let mut offered = close.report.alternatives(&pages());
     offered.push((close.report.recommended_policy.clone(), "recommended".into()));
     assert!(
         offered.iter().any(|(p, _)| p.bounds.expected_peak.is_some())

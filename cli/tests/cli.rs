@@ -163,7 +163,8 @@ fn sweep_json_has_the_documented_shape() {
 }
 
 /// `sweep --policy` finds where a tuned policy still completes: whole slabs, one driver
-/// allocation each, need a larger device than the default's pages on a training loop.
+/// allocation each, need a larger device than the default's handles, which out of memory split
+/// into pages, on a training loop.
 #[test]
 fn sweep_takes_the_adaptive_policy_and_passes() {
     let (a, whole) = (tmp("sw.csv"), write("whole.toml", b"[suballoc]\nbacking = \"whole\"\n"));

@@ -290,17 +290,18 @@ pub struct SuballocPolicy {
     /// pages no live block touches when memory runs short (free space inside slabs is then
     /// never stranded).
     pub page_release: bool,
-    /// How new slabs are backed where `page_release` is on: `pages` (the default: one physical
-    /// handle per device page: free memory inside slabs in use goes back a page at a time),
-    /// `auto` (one handle for the slab where the strand budget left covers it, handles of up to
-    /// 64 MiB while free memory stays above `bounds.tight_below`, pages otherwise), `large-handles`
-    /// (an eighth of the slab per handle: an eighth of the mapping calls, released an eighth of
-    /// the slab at a time), `blocks` (a handle shaped to each block as it is placed: the pages
-    /// it covers whole in one handle, a page for each it may share; an idle handle a smaller
-    /// block would cover only in part is pinned whole while the strand guard has room, given
-    /// back first when it has none) or `whole` (one driver allocation per slab, released only
-    /// empty). Only pages keep the promise down to passthrough's exact minimum; the others are
-    /// for a device known to have room (see BENCHMARKS.md for what each costs and fails).
+    /// How new slabs are backed where `page_release` is on: `auto` (the default: one physical
+    /// handle per slab, pages where the device has no room for it whole; out of memory, or when
+    /// other processes need memory, a handle live blocks touch in part is split, its live pages
+    /// copied into pages of their own and the rest given back, so it strands no more than pages
+    /// would), `pages` (one handle per device page: free memory inside slabs in use goes back a
+    /// page at a time, with no copy; dearer to create, cheaper to hold near the capacity),
+    /// `large-handles` (an eighth of the slab per handle), `blocks` (a handle shaped to each
+    /// block as it is placed: the pages it covers whole in one handle, a page for each it may
+    /// share) or `whole` (one driver allocation per slab, released only empty, never split).
+    /// `auto` and `pages` keep the promise down to passthrough's exact minimum (the same
+    /// robustness grid); the others are for a device known to have room (see BENCHMARKS.md for
+    /// what each costs and fails).
     pub backing: SlabBacking,
     /// Under the adaptive policy, refuse slab placements that would strand memory beyond
     /// `bounds.strand_share` of the memory expected free at the peak; such requests get
@@ -330,7 +331,7 @@ impl Default for SuballocPolicy {
             loose_growth: 0.25,
             segregate: Segregate::Never,
             page_release: true,
-            backing: SlabBacking::Pages,
+            backing: SlabBacking::Auto,
             strand_guard: true,
         }
     }

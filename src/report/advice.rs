@@ -77,22 +77,26 @@ impl TuningReport {
                     "{page_creates} physical handles were created for slabs while peak reserved stayed at {peak} of \
                      {total}: back slabs whole (suballoc.backing = \"whole\"), one driver allocation per slab"
                 ));
-            } else if p.suballoc.backing == SlabBacking::Pages && within_margin && fixed.is_none() && footprint > 0 {
+            } else if within_margin && fixed.is_none() && footprint > 0 {
                 // Memory never ran short, but the run came near enough to filling the device
                 // that a whole slab could strand a request while the peak was unknown: the peak
-                // this run showed, given from the first request, and handles as large as the
-                // memory free beyond it covers. Replayed over ten passes at 1.5x and 2x peak
+                // this run showed, given from the first request, and (where slabs were in pages)
+                // one handle a slab. Replayed over ten passes at 1.5x and 2x peak
                 // live, that held best on 11 and 14 of the 17 workloads where handles shaped to
                 // blocks (the advice before, now replayed beside it) held best on 2 and 1. Not
                 // within a tenth of the device's capacity: there a handle larger than a page
                 // can strand the next request where pages would not.
                 let given = ByteSize(footprint);
                 p.bounds.expected_peak = Some(given);
-                p.suballoc.backing = SlabBacking::Auto;
+                let backing = if p.suballoc.backing == SlabBacking::Pages {
+                    p.suballoc.backing = SlabBacking::Auto;
+                    " and back each slab by one handle, split into pages out of memory (suballoc.backing = \"auto\")"
+                } else {
+                    ""
+                };
                 why.push(format!(
-                    "{page_creates} physical handles of a page each were created for slabs while the peak was \
-                     unknown, and {never_short}: {} and back each slab by one handle, split into pages out of \
-                     memory (suballoc.backing = \"auto\"; a later run whose peak passes it learns as without it)",
+                    "{page_creates} physical handles were created for slabs while the peak was unknown, and \
+                     {never_short}: {}{backing} (a later run whose peak passes it learns as without it)",
                     give_text(given)
                 ));
             } else if p.suballoc.backing == SlabBacking::Pages && within_margin {

@@ -29,6 +29,9 @@ pub fn all_configs() -> Vec<(&'static str, Setup)> {
     tight.routing.interval_ops = 64;
     // Handles shaped to blocks, with a strand budget of nothing: every placement that would
     // pin an idle handle in part gives it back first.
+    // Slabs a handle per page, as before `auto` was the default.
+    let mut pages = Policy::default();
+    pages.suballoc.backing = SlabBacking::Pages;
     let mut blocks = tight.clone();
     blocks.suballoc.backing = SlabBacking::Blocks;
     blocks.bounds.strand_share = 0.0;
@@ -75,6 +78,7 @@ pub fn all_configs() -> Vec<(&'static str, Setup)> {
             })),
         ),
         ("adaptive", Setup::Policy(Box::default())),
+        ("adaptive-pages", Setup::Policy(Box::new(pages))),
         ("adaptive-tight", Setup::Policy(Box::new(tight.clone()))),
         ("adaptive-tight-blocks", Setup::Policy(Box::new(blocks))),
     ]

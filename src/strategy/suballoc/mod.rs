@@ -32,8 +32,8 @@ use crate::size::{ALIGNMENT, GIB, MIB};
 
 /// How a new slab is backed by the device. The driver's cost goes with the number of physical
 /// handles (a create and a map each: 2 MiB pages make a 1 GiB slab 512 handles), and grows far
-/// slower than their bytes. `Auto` backs each slab with one handle; pages (the default) give
-/// back free memory inside a slab in use a page at a time; large handles (an eighth of the slab)
+/// slower than their bytes. `Auto` (the default) backs each slab with one handle; pages give
+/// back free memory inside a slab in use a page at a time, with no copy; large handles (an eighth of the slab)
 /// cost an eighth as many calls; `Blocks` shapes handles to blocks as they are placed; a whole
 /// slab is one driver allocation that goes back only when empty. Out of memory, a handle of
 /// more than a page that live blocks touch only in part is split (`split_held_handles`): its
@@ -50,9 +50,9 @@ pub enum SlabBacking {
     /// 1747 / 215 / 208 ms at 1.5x / 2x / 4x peak live against 8102 / 6532 / 6524 (PyTorch's
     /// allocator 286 / 222 / 221), 20356 against 25300 at 1.1x passthrough's minimum; the same
     /// robustness grid (7 / 3 / 4 failing runs).
+    #[default]
     Auto,
     /// A physical handle per device page.
-    #[default]
     Pages,
     /// A physical handle per eighth of the slab.
     LargeHandles,
@@ -100,7 +100,7 @@ impl Default for SuballocConfig {
             max_empty_bytes: 0,
             segregate: false,
             page_release: false,
-            backing: SlabBacking::Pages,
+            backing: SlabBacking::Auto,
         }
     }
 }

@@ -294,13 +294,14 @@ fn one_handle_slabs() -> SuballocConfig {
     }
 }
 
-/// Paged slabs of 8 MiB each, emptied ones kept.
+/// Slabs of 8 MiB each, a handle per page, emptied ones kept.
 fn eight_mib_slabs() -> SuballocConfig {
     SuballocConfig {
         page_release: true,
         min_slab: 8 * MIB,
         max_slab: 8 * MIB,
         max_empty_bytes: u64::MAX,
+        backing: SlabBacking::Pages,
         ..SuballocConfig::default()
     }
 }
@@ -485,6 +486,7 @@ fn the_empty_slab_to_release_follows_the_prices() {
             min_slab: 64 * MIB,
             max_slab: 64 * MIB,
             max_empty_bytes: u64::MAX,
+            backing: SlabBacking::Pages,
             ..SuballocConfig::default()
         });
         // Every price seen once (a slab created and released, pages unmapped below).
