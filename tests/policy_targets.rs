@@ -5,7 +5,7 @@ mod common;
 
 use common::all_traces;
 
-use adaptalloc::device::Granularity;
+use adaptalloc::device::{CostModel, Granularity};
 use adaptalloc::policy::Policy;
 use adaptalloc::strategy::SlabBacking;
 use adaptalloc_cli::compare::{Capacity, CompareOptions, Contender, StrategyResult, passthrough_min_capacity, run_one};
@@ -229,10 +229,8 @@ fn gains_survive_a_tight_device() {
             ours.failed_allocs
         );
         // Zero failures at 1.1x are asserted in the test above. The steady state at 1.1x is
-        // issue 24's open miss: slabs one handle each strand more than the headroom leaves, and
-        // what the headroom gives back at each peak the next takes again (bundled `training`:
-        // 170 ms a pass, 39% of passthrough's; with pages, 20). Reported, not asserted, until
-        // that is fixed.
+        // issue 24's open miss on some traces (`gpu-medium-ctx1024-infer` 220 ms a pass, where
+        // PyTorch's allocator fails; `cpu-gpt2-train` 53): reported, not asserted.
         assert!(ours.completed, "{}", t.name);
         if is_training(&t) && steady_ns(&ours) * 4 > steady_ns(&pass) {
             common::known_gap(&format!(
@@ -279,12 +277,12 @@ fn warm_serving_keeps_what_each_request_frees() {
 ///   limit now stays within the cap, and idle pages are moved instead: 0.
 /// - at 1.1x passthrough's minimum the 5% headroom, more than the bounds leave others (half of
 ///   the 10% beyond the peak), gave back at each peak pages the next peak took again: 360 ms a
-///   pass (83%; 151 ms over passes 6-10 in tuning/reports/steady.md, now 20).
+///   pass (83%; 151 ms over passes 6-10 in tuning/reports/steady.md, then 20). With one handle a
+///   slab, the handles stranded more than the headroom leaves there: 170 ms a pass (39%), until
+///   slabs went to pages after a first cycle that gave back more than the headroom's worth
+///   (`Controller::by_pages`): 0.
 ///
-/// At 1.1x the rule holds with slabs a handle per page (`backing = "pages"`); the default's
-/// one handle a slab strands more than the headroom leaves near the capacity, and gives back
-/// every pass what the next takes again (170 ms a pass, 39%): issue 24's open miss, reported
-/// by `gains_survive_a_tight_device`.
+/// Both hold with slabs a handle per page (`backing = "pages"`) too.
 #[test]
 fn between_tight_and_roomy_a_pass_does_not_recreate_what_it_gave_back() {
     let (t, at_1_3) = bundled_at("training", 1.3);
@@ -293,6 +291,7 @@ fn between_tight_and_roomy_a_pass_does_not_recreate_what_it_gave_back() {
     pages.suballoc.backing = SlabBacking::Pages;
     for (what, cap, parts, policy) in [
         ("1.3x peak live", at_1_3, 100, None),
+        ("1.1x passthrough's minimum", at_1_1, 10, None),
         ("1.3x peak live, pages", at_1_3, 100, Some(pages.clone())),
         ("1.1x passthrough's minimum, pages", at_1_1, 10, Some(pages)),
     ] {
@@ -301,6 +300,45 @@ fn between_tight_and_roomy_a_pass_does_not_recreate_what_it_gave_back() {
         let ours = run_one(&t, Contender::Adaptive, cap, &opts);
         assert_eq!(ours.failed_allocs, 0, "{what}");
         assert_share_of_passthrough(&format!("training at {what}"), &ours, &pass, parts);
+    }
+}
+
+/// Near the capacity, slabs one handle each go to pages after the first cycle only where the
+/// prices say a page moved costs less than one created: bundled `training` at 1.1x
+/// passthrough's minimum, ten passes. Under the default model (a move about 63 us, a create
+/// and a release 203) the tuning report names the change, and a pass in the steady state
+/// costs under issue 24's 0.5 ms; under vmm-fast.toml (33 against 18) the slabs stay one
+/// handle each.
+#[test]
+fn slabs_go_to_pages_near_the_capacity_where_the_prices_say() {
+    let spec = adaptalloc_cli::synth::WorkloadSpec::bundled("training").unwrap();
+    let t = spec.generate(spec.seed);
+    let cap = (passthrough_min_capacity(&t, Granularity::default()) as f64 * 1.1) as u64;
+    let vmm_fast = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tuning/cost-models/vmm-fast.toml");
+    for (name, cost, to_pages) in [
+        ("default", CostModel::default(), true),
+        ("vmm-fast", CostModel::from_file(&vmm_fast).unwrap(), false),
+    ] {
+        let opts = CompareOptions {
+            repeat: 10,
+            cost_model: cost,
+            ..CompareOptions::default()
+        };
+        let dev = opts.sim_device(&t, cap);
+        let alloc = adaptalloc::Allocator::adaptive(dev.clone() as std::sync::Arc<dyn adaptalloc::device::Device>);
+        let m = adaptalloc_cli::trace::replay_with(&t, &alloc, opts.replay_options(), |i| dev.advance_clock(i));
+        assert_eq!(m.failed_allocs, 0, "{name}");
+        let report = alloc.report().unwrap();
+        let said = report.decisions.iter().find(|d| d.action == "back slabs by pages");
+        assert_eq!(said.is_some(), to_pages, "{name}: {:?}", report.decisions);
+        if to_pages {
+            assert!(
+                m.passes.steady_pass_ns <= 500_000,
+                "{name}: {} ns a pass",
+                m.passes.steady_pass_ns
+            );
+            assert!(report.to_string().contains("back slabs by pages"), "{report}");
+        }
     }
 }
 

@@ -135,9 +135,21 @@ impl Journal {
         }
     }
 
+    /// Slabs are backed by pages from now on, where `on` (`Suballoc::back_by_pages`), and why.
+    /// Logged past the cap on decisions: it happens once a run.
+    pub fn backing_to_pages(&mut self, op: u64, on: bool, reason: impl FnOnce() -> String) {
+        if on {
+            self.decision_always(op, "back slabs by pages", 0, reason(), true);
+        }
+    }
+
     fn decision(&mut self, op: u64, action: &str, bytes: u64, reason: String) {
+        self.decision_always(op, action, bytes, reason, false);
+    }
+
+    fn decision_always(&mut self, op: u64, action: &str, bytes: u64, reason: String, always: bool) {
         tracing::info!(op, action, bytes, reason = %reason, "policy decision");
-        if self.decisions.len() < MAX_LOG {
+        if always || self.decisions.len() < MAX_LOG {
             self.decisions.push(Decision {
                 op,
                 action: action.into(),

@@ -472,9 +472,11 @@ impl fmt::Display for TuningReport {
                 writeln!(f, "- ... {} more", self.route_changes.len() - 50)?;
             }
         }
-        if !self.decisions.is_empty() {
+        let (released, backing): (Vec<&Decision>, Vec<&Decision>) =
+            self.decisions.iter().partition(|d| d.action == "release");
+        if !released.is_empty() {
             writeln!(f, "\n## Memory given back\n")?;
-            for dcs in self.decisions.iter().take(20) {
+            for dcs in released.iter().take(20) {
                 writeln!(
                     f,
                     "- op {}: {} {}: {}",
@@ -484,8 +486,14 @@ impl fmt::Display for TuningReport {
                     dcs.reason
                 )?;
             }
-            if self.decisions.len() > 20 {
-                writeln!(f, "- ... {} more", self.decisions.len() - 20)?;
+            if released.len() > 20 {
+                writeln!(f, "- ... {} more", released.len() - 20)?;
+            }
+        }
+        if !backing.is_empty() {
+            writeln!(f, "\n## Slab backing\n")?;
+            for dcs in backing {
+                writeln!(f, "- op {}: {}: {}", dcs.op, dcs.action, dcs.reason)?;
             }
         }
         writeln!(f, "\n## Recommendation\n")?;

@@ -207,6 +207,10 @@ pub struct Suballoc {
     /// release that idle handles and pages do not cover splits handles live blocks hold in part
     /// ([`set_split_for_others`](Self::set_split_for_others)).
     split_for_others: bool,
+    /// Under `SlabBacking::Auto`, a cycle has shown that one handle a slab does not leave the
+    /// headroom free at the workload's peak: new slabs are pages, and slabs in larger handles
+    /// go back once empty ([`back_by_pages`](Self::back_by_pages)).
+    by_pages: bool,
 }
 
 impl Suballoc {
@@ -237,6 +241,7 @@ impl Suballoc {
             splices: Slots::new(),
             next_at_end: false,
             split_for_others: false,
+            by_pages: false,
         }
     }
 
@@ -425,6 +430,31 @@ impl Suballoc {
         self.split_for_others = on;
     }
 
+    /// From now on, back new slabs by pages (under `SlabBacking::Auto`; once on, it stays on):
+    /// the empty slabs in larger handles go back now, the untouched pages of handles live
+    /// blocks hold in part go back by a split, and slabs in larger handles go back as they
+    /// empty, so that the layout is pages by the next cycle's peak. The controller turns it on
+    /// where a cycle has run without the headroom free at its peak.
+    #[cold]
+    pub fn back_by_pages(&mut self, dev: &dyn Device) {
+        if self.by_pages || self.config.backing != SlabBacking::Auto || self.paged_vmm(dev).is_none() {
+            return;
+        }
+        self.by_pages = true;
+        let large: Vec<u32> = self
+            .empty
+            .iter()
+            .copied()
+            .filter(|&id| self.pages[id as usize].as_ref().is_some_and(|pm| !pm.pages_only()))
+            .collect();
+        let mut released = 0;
+        for id in large {
+            released += self.release_slab(dev, id).unwrap_or(0);
+        }
+        released += self.split_handles(dev, u64::MAX, false).released;
+        tracing::info!(released, "slabs backed by pages from now on");
+    }
+
     /// Bytes in wholly empty slabs (releasable); the rest of the idle bytes is free space
     /// inside slabs that hold live blocks.
     pub fn empty_bytes(&self) -> u64 {
@@ -475,6 +505,10 @@ impl Suballoc {
             // pass and `phase-change` 133 -> 39, but `training` 185 -> 323, `cpu-gpt2-train` 15
             // -> 55; summed where PyTorch's allocator completes, 200.7 -> 383.8 ms (vmm-fast
             // 43.9 -> 65.7), the robustness grid unchanged. Kept as it is.
+            if self.by_pages && self.pages[n.slab as usize].as_ref().is_some_and(|pm| !pm.pages_only()) {
+                let _ = self.release_slab(dev, n.slab);
+                return;
+            }
             if self.acct.empty() > self.config.max_empty_bytes {
                 self.released_over_bound += self.release_empty_slabs(dev, self.config.max_empty_bytes);
             }

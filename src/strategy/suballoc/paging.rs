@@ -382,7 +382,7 @@ impl Suballoc {
     /// [`split_held_handles`](Self::split_held_handles), with (`into_pages`) or without the
     /// splits into pages that give nothing back.
     #[cold]
-    fn split_handles(&mut self, dev: &dyn Device, want: u64, into_pages: bool) -> Split {
+    pub(super) fn split_handles(&mut self, dev: &dyn Device, want: u64, into_pages: bool) -> Split {
         let mut done = Split::default();
         let Some(vmm) = self.paged_vmm(dev) else { return done };
         let page = vmm.page_size();

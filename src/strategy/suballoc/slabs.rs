@@ -73,6 +73,7 @@ impl Suballoc {
             // One handle for the whole slab: a create and a map, where pages cost one each per
             // 2 MiB. Out of memory it is split into pages (`split_held_handles`), so it strands
             // no more than pages would.
+            SlabBacking::Auto if self.by_pages => page,
             SlabBacking::Auto => size.max(page),
             SlabBacking::LargeHandles if size / 8 >= page => (1u64 << (63 - (size / 8).leading_zeros())).max(page),
             // Handles are shaped to blocks as they are placed (`map_for`); the unit is the page.

@@ -283,6 +283,58 @@ fn a_release_for_others_splits_held_handles() {
     assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
 }
 
+/// Backed by pages from now on (`back_by_pages`): an empty slab in one handle goes back at once,
+/// a handle live blocks hold in part gives back its untouched pages by a split, new slabs are
+/// pages (a create each), and a slab in a larger handle goes back as soon as it empties, while
+/// slabs of pages stay for the next request. Emptied slabs are otherwise kept.
+#[test]
+fn backed_by_pages_from_now_on() {
+    let config = SuballocConfig {
+        max_empty_bytes: u64::MAX,
+        ..one_handle_slabs()
+    };
+    let dev = SimDevice::new(GIB);
+    let mut sub = Suballoc::new(config);
+    let (a, b) = (
+        sub.allocate(&dev, 8 * MIB, 0).unwrap(),
+        sub.allocate(&dev, 512 * KIB, 0).unwrap(),
+    );
+    let c = sub.allocate(&dev, 8 * MIB, 0).unwrap();
+    sub.deallocate(&dev, c.meta, 0, 1);
+    assert_eq!(
+        (dev.used_bytes(), dev.stats().ops.create.calls),
+        (24 * MIB, 3),
+        "three slabs, one handle each"
+    );
+    sub.back_by_pages(&dev);
+    // The empty slab went back; the one `b` holds kept one page of four.
+    assert_eq!(dev.used_bytes(), 10 * MIB);
+    let creates = dev.stats().ops.create.calls;
+    let d = sub.allocate(&dev, 8 * MIB, 0).unwrap();
+    assert_eq!(dev.stats().ops.create.calls, creates + 4, "a new slab is four pages");
+    sub.deallocate(&dev, a.meta, 0, 2);
+    assert_eq!(
+        dev.used_bytes(),
+        10 * MIB,
+        "the slab in one handle went back as it emptied"
+    );
+    sub.deallocate(&dev, d.meta, 0, 3);
+    assert_eq!(dev.used_bytes(), 10 * MIB, "the slab of pages is kept, empty");
+    sub.back_by_pages(&dev);
+    assert_eq!(dev.used_bytes(), 10 * MIB, "once is enough");
+    sub.deallocate(&dev, b.meta, 0, 4);
+    sub.release_empty_slabs(&dev, 0);
+    assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
+    // Under pages there is nothing to change.
+    let mut pages = Suballoc::new(eight_mib_slabs());
+    let g = pages.allocate(&dev, 512 * KIB, 0).unwrap();
+    pages.back_by_pages(&dev);
+    assert!(!pages.by_pages);
+    pages.deallocate(&dev, g.meta, 0, 1);
+    pages.release_empty_slabs(&dev, 0);
+    assert_eq!(dev.leak_report().blocks, 0);
+}
+
 /// Slabs of 8 MiB, each one handle (`SlabBacking::Auto`).
 fn one_handle_slabs() -> SuballocConfig {
     SuballocConfig {
