@@ -24,6 +24,10 @@ pub(crate) struct PageMap {
     /// Handles mapped here that are larger than a page (0: every handle is a page, as after a
     /// split of the last larger one).
     larger_handles: u32,
+    /// One handle covers every page ([`covers_all`](Self::covers_all)), kept in step by
+    /// `mark_mapped`, `unmark_idle` and `split`: read on every block placed and freed, where
+    /// deriving it cost 12 instructions an operation (`scripts/hotpath.sh`, churn-adaptive).
+    one_handle: bool,
     pub(crate) mapped_bytes: u64,
     /// Mapped handles no live block touches: memory that can be given back now.
     pub(crate) unused_mapped_bytes: u64,
@@ -59,6 +63,7 @@ impl PageMap {
                 n
             ],
             larger_handles: 0,
+            one_handle: false,
             mapped_bytes: 0,
             unused_mapped_bytes: 0,
         }
@@ -131,6 +136,7 @@ impl PageMap {
         debug_assert!(handle % self.page == 0 && len % handle == 0, "handles of whole pages");
         let per = (handle / self.page) as usize;
         let range = self.pages_of(offset, len);
+        self.one_handle = self.mapped_bytes == 0 && range.start == 0 && per == self.st.len();
         for first in range.clone().step_by(per.max(1)) {
             let h = first as u32;
             let pages = first..(first + per).min(range.end);
@@ -169,7 +175,8 @@ impl PageMap {
         // The handles' own counts of touched pages, and the idle handles' bytes.
         let pinned_handles = if self.larger_handles == 0 {
             u64::from(now_touched) * self.page
-        } else if self.one_handle() {
+        } else if self.one_handle {
+            debug_assert!(self.covers_all());
             self.handle_touched(0, now_touched as i32)
         } else {
             self.handles_touched(range, 1)
@@ -190,7 +197,8 @@ impl PageMap {
         }
         let freed_handles = if self.larger_handles == 0 {
             u64::from(untouched) * self.page
-        } else if self.one_handle() {
+        } else if self.one_handle {
+            debug_assert!(self.covers_all());
             self.handle_touched(0, -(untouched as i32))
         } else {
             self.handles_touched(range, -1)
@@ -243,10 +251,9 @@ impl PageMap {
     }
 
     /// One handle covers every page (a slab backed whole by one handle, `SlabBacking::Auto`):
-    /// its count of touched pages then moves by a block's pages at once, with no walk. Read
-    /// only where some handle is larger than a page.
-    #[inline]
-    fn one_handle(&self) -> bool {
+    /// its count of touched pages then moves by a block's pages at once, with no walk. What
+    /// the `one_handle` field keeps.
+    fn covers_all(&self) -> bool {
         self.st[0].head == 0 && self.st[0].len as usize == self.st.len()
     }
 
@@ -308,6 +315,7 @@ impl PageMap {
     fn unmark_idle(&mut self, first: usize) -> u64 {
         let n = self.st[first].len as usize;
         debug_assert!(!self.is_live(first as u32), "only an idle handle goes back");
+        self.one_handle = false;
         self.larger_handles -= u32::from(n > 1);
         for q in first..first + n {
             self.st[q].head = UNMAPPED;
@@ -366,6 +374,7 @@ impl PageMap {
     pub(crate) fn split(&mut self, first: usize) -> u64 {
         let n = self.st[first].len as usize;
         let mut unmapped = 0;
+        self.one_handle = false;
         self.larger_handles -= u32::from(n > 1);
         for p in first..first + n {
             let pg = &mut self.st[p];
