@@ -140,13 +140,16 @@ fn main() {
          compare modelled time. Below each table, each allocator's time summed over the workloads.\n"
     );
     println!(
-        "Where adaptive stands: on a first pass its modelled time is above `pytorch`'s on nearly every \
-         workload. Its slabs are backed by 2 MiB physical handles (a cuMemCreate and a cuMemMap each, 193 us \
-         and 1.45 us in the A100 figures the default model takes) so that free memory inside slabs in use can \
-         go back to the device, which is what lets it complete every workload down to passthrough's exact \
-         minimum; PyTorch's allocator maps its footprint in a few hundred cudaMalloc segments. \
-         `suballoc.backing = \"whole\"`, `\"large-handles\"` or `\"blocks\"` trade that promise for time \
-         (README.md has what each costs and fails). Repeated, the steady state is where it stands close: \
+        "Where adaptive stands: each slab is one physical handle (a cuMemCreate and a cuMemMap; in the \
+         A100 figures the default model takes, a 128 MiB handle's create costs 608 us and a 2 MiB page's \
+         193), which out of memory it splits into pages, giving back what live blocks do not touch: that is \
+         what lets it complete every workload down to passthrough's exact minimum. Near the capacity, where \
+         a run's first cycle gives back more than the headroom's worth and a page moved costs less than one \
+         created, the run goes to pages from then on. Summed over the workloads, its first pass costs about \
+         what `pytorch`'s does with room (4x peak live) and more on tight devices, `small-churn`'s strand \
+         guard most of it at 1.5x; PyTorch's allocator maps its footprint in a few hundred cudaMalloc \
+         segments. `suballoc.backing = \"pages\"`, `\"whole\"`, `\"large-handles\"` or `\"blocks\"` \
+         trade differently between time and that promise (README.md has what each costs and fails). Repeated, the steady state is where it stands close: \
          \"Warm-up and steady state\" below, from this run, splits each workload's time into the warm-up and a \
          steady pass against pytorch, pytorch-expandable and cuda-async-retain under both cost models, with \
          every miss of issue 24's targets and its cause (the tables of tuning/reports/steady.md); \

@@ -46,10 +46,12 @@ pub enum SlabBacking {
     /// One handle per slab (pages where the device has no room for it whole). Out of memory,
     /// what pages would give back is given back by splitting it, and a handle whose free bytes
     /// a request could use is split into pages so that a splice finds them at page ends.
-    /// Against pages (`steady_eval`, 17 workloads, ten passes summed, default cost model):
-    /// 1747 / 215 / 208 ms at 1.5x / 2x / 4x peak live against 8102 / 6532 / 6524 (PyTorch's
-    /// allocator 286 / 222 / 221), 20356 against 25300 at 1.1x passthrough's minimum; the same
-    /// robustness grid (7 / 3 / 4 failing runs).
+    /// Against pages (`tuning/reports/peers.md`, 17 workloads, ten passes summed, default cost
+    /// model): 1761 / 215 / 208 ms at 1.5x / 2x / 4x peak live against 8102 / 6532 / 6524
+    /// (PyTorch's allocator 286 / 222 / 221), 20745 against 25300 at 1.1x passthrough's minimum,
+    /// where runs whose first cycle gave back more than the headroom's worth go to pages
+    /// ([`back_by_pages`](Suballoc::back_by_pages)); the same robustness grid (7 / 3 / 4 failing
+    /// runs).
     #[default]
     Auto,
     /// A physical handle per device page.
