@@ -18,8 +18,8 @@ fn ms(ns: u64) -> f64 {
 /// A kind of driver call (a key of the cost model) as the call and what makes it here.
 fn call_name(kind: &str) -> &'static str {
     match kind {
-        "create" => "cuMemCreate (a new page)",
-        "release" => "cuMemRelease (a page given back)",
+        "create" => "cuMemCreate (a new handle)",
+        "release" => "cuMemRelease (a handle given back)",
         "map" => "cuMemMap",
         "unmap" => "cuMemUnmap",
         "set_access" => "cuMemSetAccess",
