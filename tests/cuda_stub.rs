@@ -214,9 +214,7 @@ fn child() {
     // back to the driver.
     let dev: Arc<dyn Device> = Arc::new(dev);
     {
-        let mut pages = adaptalloc::policy::Policy::default();
-        pages.suballoc.backing = adaptalloc::strategy::SlabBacking::Pages;
-        let a = Allocator::with_policy(dev.clone(), pages);
+        let a = Allocator::with_policy(dev.clone(), common::pages_policy());
         let blocks: Vec<u64> = (0..64).map(|_| a.allocate_raw(PAGE / 2, 0).unwrap()).collect();
         // Keep one block in eight: every slab of more than four pages keeps a live block.
         for (i, p) in blocks.iter().enumerate() {

@@ -420,8 +420,7 @@ fn the_report_recommends_whole_slabs_where_pages_bought_nothing() {
         let m = adaptalloc_cli::trace::replay(&t, &alloc);
         (alloc.report().unwrap(), m, dev.stats().ops.create.calls)
     };
-    let mut paged = Policy::default();
-    paged.suballoc.backing = SlabBacking::Pages;
+    let paged = common::pages_policy();
     // The run with slabs a handle per page, its report's backing, and the recommendation fed
     // back: (creates, modelled ms) of both runs, the second failing nothing.
     let advised = |capacity: u64, want: SlabBacking| {
@@ -566,9 +565,7 @@ fn pages_are_moved_or_created_as_the_prices_say() {
     let vmm_fast = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tuning/cost-models/vmm-fast.toml");
     let run = |cost: CostModel| {
         let dev = Arc::new(SimDevice::builder().capacity(cap).cost_model(cost).build());
-        let mut pages = Policy::default();
-        pages.suballoc.backing = SlabBacking::Pages;
-        let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, pages);
+        let alloc = Allocator::with_policy(dev.clone() as Arc<dyn Device>, common::pages_policy());
         let m = replay_with(
             &t,
             &alloc,

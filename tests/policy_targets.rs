@@ -7,7 +7,6 @@ use common::all_traces;
 
 use adaptalloc::device::{CostModel, Granularity};
 use adaptalloc::policy::Policy;
-use adaptalloc::strategy::SlabBacking;
 use adaptalloc_cli::compare::{Capacity, CompareOptions, Contender, StrategyResult, passthrough_min_capacity, run_one};
 use adaptalloc_cli::trace::{ReplayMetrics, Trace};
 
@@ -287,8 +286,7 @@ fn warm_serving_keeps_what_each_request_frees() {
 fn between_tight_and_roomy_a_pass_does_not_recreate_what_it_gave_back() {
     let (t, at_1_3) = bundled_at("training", 1.3);
     let at_1_1 = (passthrough_min_capacity(&t, Granularity::default()) as f64 * 1.1) as u64;
-    let mut pages = Policy::default();
-    pages.suballoc.backing = SlabBacking::Pages;
+    let pages = common::pages_policy();
     for (what, cap, parts, policy) in [
         ("1.3x peak live", at_1_3, 100, None),
         ("1.1x passthrough's minimum", at_1_1, 10, None),
@@ -397,9 +395,7 @@ fn a_cycle_that_ran_with_its_layout_is_not_tight_again() {
     };
     let t = adaptalloc_cli::trace::read_csv(&path, false).unwrap();
     let cap = (passthrough_min_capacity(&t, Granularity::default()) as f64 * 1.1) as u64;
-    let mut pages = Policy::default();
-    pages.suballoc.backing = SlabBacking::Pages;
-    let (report, ours) = adaptive_run_with(&t, cap, 10, pages);
+    let (report, ours) = adaptive_run_with(&t, cap, 10, common::pages_policy());
     let steady = ours.passes.steady_pass_ns;
     common::figure(&format!(
         "cpu-mobilenetv2-train x10 at 1.1x passthrough's minimum: {steady} ns a pass in the steady state"

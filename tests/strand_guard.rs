@@ -173,9 +173,7 @@ fn the_report_doubles_the_strand_share_only_where_memory_never_ran_short() {
     // Near the capacity, with slabs a handle per page (the default's one handle a slab is
     // refused nothing there): 401 MiB of blocks on a 420 MiB device, under the low watermark at
     // the end.
-    let mut pages = Policy::default();
-    pages.suballoc.backing = adaptalloc::strategy::SlabBacking::Pages;
-    let (short, _) = grows_to(pages.clone(), 420 * MIB);
+    let (short, _) = grows_to(common::pages_policy(), 420 * MIB);
     assert!(short.strand_refusals > 0 && short.pressure_events > 0, "{short}");
     assert_eq!(
         short.recommended_policy.bounds.strand_share, share,
@@ -183,7 +181,7 @@ fn the_report_doubles_the_strand_share_only_where_memory_never_ran_short() {
         short.recommendations
     );
     // On 440 MiB, never short, but in the device's last tenth.
-    let (full, _) = grows_to(pages, 440 * MIB);
+    let (full, _) = grows_to(common::pages_policy(), 440 * MIB);
     assert!(
         full.strand_refusals > 0 && full.pressure_events == 0 && full.oom_recoveries == 0,
         "{full}"

@@ -46,23 +46,6 @@ pub struct Engine {
     in_pressure: bool,
     /// Bytes given back under the headroom or the low watermark before a cycle was seen.
     headroom_released: u64,
-    /// Slabs are backed by pages from now on
-    /// ([`Suballoc::back_by_pages`](crate::strategy::Suballoc::back_by_pages)): under
-    /// `suballoc.backing = "auto"`, decided once, when the first cycle is seen, where it gave
-    /// back more than the headroom's worth under the headroom (one handle a slab strands more
-    /// near the capacity than the headroom leaves, so each step gives back what the next takes
-    /// again) and the prices the device has shown say a page moved costs less than one created
-    /// (`DriverOps::recycling_pays`: pages then keep the steady state by moving idle pages).
-    /// Bundled `training` at 1.1x passthrough's minimum: 170 -> 0.02 ms a pass in steady state
-    /// (ten passes 1696 -> 1076 ms). Summed over steady_eval's 17 workloads at 1.1x, where
-    /// PyTorch's allocator completes, 229 -> 59 ms a pass (pages 21); worse where it is taken
-    /// and does not pay: `gpu-medium-ctx1024-infer` 169 -> 220, `gpu-medium-ctx128-infer` 53 ->
-    /// 81, `serving` 213 -> 221 (these pay about as much with pages). Under vmm-fast.toml, where a
-    /// move costs more than a create, it is never taken (training would go 34 -> 55). Taken at
-    /// every cycle on the layout not leaving the headroom free at the peak instead, it paid on
-    /// `phase-change` (5 -> 76 ms a pass). The robustness grid, the short given peaks
-    /// (`scripts/short-peak.sh`) and co-tenants of half the slack the same.
-    by_pages: bool,
     /// Until a sample past the first routing interval has seen a cycle: half the footprint's
     /// peak at the last sample (0 otherwise, and once used). A free that takes the footprint
     /// to a new low since that sample, under the mark, brings the next sample forward to the
@@ -120,7 +103,6 @@ impl Engine {
             peak_outgrown: false,
             in_pressure: false,
             headroom_released: 0,
-            by_pages: false,
             fall_mark: 0,
             model,
             footprint: Counter::default(),
@@ -370,17 +352,39 @@ impl Engine {
         dev: &dyn Device,
         routes: &mut [u8; BUCKETS],
     ) {
-        if plan.cycle_seen && !self.prior.cycle_seen {
-            self.by_pages = self.limits.backing == SlabBacking::Auto
-                && self.headroom_released > plan.headroom
-                && dev.stats().ops.recycling_pays();
-            self.journal.backing_to_pages(s.op, self.by_pages, || {
+        // Slabs go to pages from now on
+        // ([`Suballoc::back_by_pages`](crate::strategy::Suballoc::back_by_pages), which keeps
+        // it): under `suballoc.backing = "auto"`, decided once, when the first cycle is seen,
+        // where it gave back more than the headroom's worth under the headroom (one handle a
+        // slab strands more near the capacity than the headroom leaves, so each step gives back
+        // what the next takes again) and the prices the device has shown say a page moved costs
+        // less than one created (`DriverOps::recycling_pays`: pages then keep the steady state
+        // by moving idle pages). Bundled `training` at 1.1x passthrough's minimum: 170 -> 0.02 ms
+        // a pass in steady state (ten passes 1696 -> 1076 ms). Summed over steady_eval's 17
+        // workloads at 1.1x, where PyTorch's allocator completes, 229 -> 59 ms a pass (pages
+        // 21); worse where it is taken and does not pay: `gpu-medium-ctx1024-infer` 169 -> 220,
+        // `gpu-medium-ctx128-infer` 53 -> 81, `serving` 213 -> 221 (these pay about as much with
+        // pages). Under vmm-fast.toml, where a move costs more than a create, it is never taken
+        // (training would go 34 -> 55). Taken at every cycle on the layout not leaving the
+        // headroom free at the peak instead, it paid on `phase-change` (5 -> 76 ms a pass). The
+        // robustness grid, the short given peaks (`scripts/short-peak.sh`) and co-tenants of
+        // half the slack the same.
+        let to_pages = plan.cycle_seen
+            && !self.prior.cycle_seen
+            && self.limits.backing == SlabBacking::Auto
+            && self.headroom_released > plan.headroom
+            && dev.stats().ops.recycling_pays();
+        if to_pages {
+            self.journal.backing_to_pages(
+                s.op,
                 format!(
                     "the first cycle gave back {} under the headroom ({}), and a page moved costs less than one created",
                     ByteSize(self.headroom_released),
                     ByteSize(plan.headroom)
-                )
-            });
+                ),
+            );
+        }
+        if plan.cycle_seen && !self.prior.cycle_seen {
             tracing::debug!(
                 op = s.op,
                 peak = s.footprint_peak,
@@ -434,7 +438,7 @@ impl Engine {
                 sub.set_growth(plan.growth);
                 sub.set_peak_known(plan.peak_known);
                 sub.set_split_for_others(plan.reason == assess::OVER_SHARE);
-                if self.by_pages {
+                if to_pages {
                     sub.back_by_pages(dev);
                 }
             }

@@ -135,21 +135,21 @@ impl Journal {
         }
     }
 
-    /// Slabs are backed by pages from now on, where `on` (`Suballoc::back_by_pages`), and why.
-    /// Logged past the cap on decisions: it happens once a run.
-    pub fn backing_to_pages(&mut self, op: u64, on: bool, reason: impl FnOnce() -> String) {
-        if on {
-            self.decision_always(op, "back slabs by pages", 0, reason(), true);
-        }
+    /// Slabs are backed by pages from now on (`Suballoc::back_by_pages`), and why. Logged past
+    /// the cap on decisions: it happens at most once a run.
+    pub fn backing_to_pages(&mut self, op: u64, reason: String) {
+        self.log(op, "back slabs by pages", 0, reason, true);
     }
 
     fn decision(&mut self, op: u64, action: &str, bytes: u64, reason: String) {
-        self.decision_always(op, action, bytes, reason, false);
+        self.log(op, action, bytes, reason, false);
     }
 
-    fn decision_always(&mut self, op: u64, action: &str, bytes: u64, reason: String, always: bool) {
+    /// Traces a decision and keeps it for the report: within the cap on decisions, or past it
+    /// where `past_cap`.
+    fn log(&mut self, op: u64, action: &str, bytes: u64, reason: String, past_cap: bool) {
         tracing::info!(op, action, bytes, reason = %reason, "policy decision");
-        if always || self.decisions.len() < MAX_LOG {
+        if past_cap || self.decisions.len() < MAX_LOG {
             self.decisions.push(Decision {
                 op,
                 action: action.into(),

@@ -29,9 +29,6 @@ pub fn all_configs() -> Vec<(&'static str, Setup)> {
     tight.routing.interval_ops = 64;
     // Handles shaped to blocks, with a strand budget of nothing: every placement that would
     // pin an idle handle in part gives it back first.
-    // Slabs a handle per page, as before `auto` was the default.
-    let mut pages = Policy::default();
-    pages.suballoc.backing = SlabBacking::Pages;
     let mut blocks = tight.clone();
     blocks.suballoc.backing = SlabBacking::Blocks;
     blocks.bounds.strand_share = 0.0;
@@ -78,10 +75,18 @@ pub fn all_configs() -> Vec<(&'static str, Setup)> {
             })),
         ),
         ("adaptive", Setup::Policy(Box::default())),
-        ("adaptive-pages", Setup::Policy(Box::new(pages))),
+        ("adaptive-pages", Setup::Policy(Box::new(pages_policy()))),
         ("adaptive-tight", Setup::Policy(Box::new(tight.clone()))),
         ("adaptive-tight-blocks", Setup::Policy(Box::new(blocks))),
     ]
+}
+
+/// The default policy with slabs a handle per page (`backing = "pages"`, the default before
+/// one handle a slab): for the rules that hold for pages only.
+pub fn pages_policy() -> Policy {
+    let mut p = Policy::default();
+    p.suballoc.backing = SlabBacking::Pages;
+    p
 }
 
 pub fn sim(capacity: u64) -> Arc<SimDevice> {

@@ -174,9 +174,10 @@ impl Suballoc {
             // whole handles from offset 0), so a free end is the free part of a held handle.
             // Only a page's: a larger handle mapped again could not be split while the splice
             // lives (its memory would stay with the second mapping), and out of memory splits
-            // it into pages first (`split_held_handles`), which never splits a page. Ends of larger handles too, with slabs backed by one
-            // handle each (`SlabBacking::Auto`): 21 / 11 / 16 failing runs of the robustness
-            // grid against 7 / 3 / 4, and 4 failed requests at 1.1x passthrough's minimum.
+            // it into pages first (`split_held_handles`), which never splits a page. Splicing
+            // ends of larger handles too, with slabs backed by one handle each
+            // (`SlabBacking::Auto`), failed 21 / 11 / 16 runs of the robustness grid against
+            // 7 / 3 / 4, and 4 requests at 1.1x passthrough's minimum.
             let Some(Some(pm)) = self
                 .pages
                 .get(n.slab as usize)
