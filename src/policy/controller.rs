@@ -381,20 +381,17 @@ impl Engine {
         // minimum gave back 198 MiB under the low watermark every step and made it again, 53.3
         // ms a pass; with the second chance at the peak's return 16.8 (`cpu-resnet18-train`
         // 3.8 -> 0.04), 1.1x summed where PyTorch's allocator completes 58.8 -> 18.5 ms a pass.
-        // Under vmm-fast.toml `cpu-gpt2-train` 13.0 -> 17.6. Counted before the cycle was seen,
-        // a peak met again early in the first step switched `gpu-medium-ctx1024-infer` at its
-        // 271st operation (warm-up 651 -> 882 ms; `gpu-small-fwd-fp32` 13.6 -> 22.4 ms a pass).
+        // Also taken now, not paying: `gpu-small-fwd-fp32` 13.6 -> 22.4 and
+        // `gpu-medium-ctx128-infer` 80.9 -> 84.3, where PyTorch's allocators both fail; under
+        // vmm-fast.toml `cpu-gpt2-train` 13.0 -> 17.6 (`gpu-medium-ctx1024-infer` 49.3 -> 4.9).
         // The robustness grid the same (7 / 3 / 4); 1.5x, 2x and 4x peak live unchanged.
         let first_cycle = plan.cycle_seen && !self.prior.cycle_seen;
-        // The peak's return counts once the cycle is seen: a peak met again early in the first
-        // step says nothing of the step.
-        let peak_back = plan.cycle_seen && s.peak_recurred;
-        let to_pages = (first_cycle || peak_back)
+        let to_pages = (first_cycle || s.peak_recurred)
             && !self.backing_settled
             && self.limits.backing == SlabBacking::Auto
             && self.headroom_released > plan.headroom
             && dev.stats().ops.recycling_pays();
-        if to_pages || peak_back {
+        if to_pages || s.peak_recurred {
             self.backing_settled = true;
         }
         if to_pages {
