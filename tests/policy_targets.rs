@@ -340,40 +340,6 @@ fn slabs_go_to_pages_near_the_capacity_where_the_prices_say() {
     }
 }
 
-/// `cpu-gpt2-train` at 1.1x passthrough's minimum sees its first cycle before it gives back
-/// anything under the headroom; later in every step it gave back 198 MiB under the low
-/// watermark that the step then made again (53 ms a pass, 15% of passthrough's). The backing is
-/// decided a second time when the footprint first comes back to its peak: pages, and the
-/// steady state under a tenth of passthrough's (5%, 17 ms). Skipped without ../shared/traces.
-#[test]
-fn slabs_go_to_pages_when_the_peak_comes_back_after_giving_back_under_the_headroom() {
-    let Some(dir) = common::traces_dir() else {
-        return;
-    };
-    let t = adaptalloc_cli::trace::read_csv(&dir.join("cpu-gpt2-train.csv"), false).unwrap();
-    let cap = (passthrough_min_capacity(&t, Granularity::default()) as f64 * 1.1) as u64;
-    let opts = CompareOptions {
-        repeat: 10,
-        ..CompareOptions::default()
-    };
-    let pass = run_one(&t, Contender::Passthrough, cap, &opts);
-    let ours = run_one(&t, Contender::Adaptive, cap, &opts);
-    common::figure(&format!(
-        "cpu-gpt2-train x10 at 1.1x passthrough's minimum: {} ns a pass in the steady state, passthrough {}",
-        steady_ns(&ours),
-        steady_ns(&pass)
-    ));
-    assert_eq!(ours.failed_allocs, 0);
-    assert_share_of_passthrough("cpu-gpt2-train at 1.1x passthrough's minimum", &ours, &pass, 10);
-    let (report, _) = adaptive_run(&t, cap, 2);
-    let said = report.decisions.iter().find(|d| d.action == "back slabs by pages");
-    assert!(
-        said.is_some_and(|d| d.reason.contains("before the workload's peak came back")),
-        "{:?}",
-        report.decisions
-    );
-}
-
 /// Small random sizes on a 20 MiB device at 1.5x peak live (bundled `small-churn`): the slabs
 /// strand more than tight mode's threshold on every pass, and tight mode gave most small
 /// requests an exact-size driver allocation (612 ms a pass, 30% of passthrough's); with tight

@@ -44,11 +44,8 @@ pub struct Engine {
     /// warning said so, once.
     peak_outgrown: bool,
     in_pressure: bool,
-    /// Bytes given back under the headroom or the low watermark until the slabs' backing is
-    /// settled.
+    /// Bytes given back under the headroom or the low watermark before a cycle was seen.
     headroom_released: u64,
-    /// Whether the slabs' backing is settled: pages taken, or the footprint back at its peak.
-    backing_settled: bool,
     /// Until a sample past the first routing interval has seen a cycle: half the footprint's
     /// peak at the last sample (0 otherwise, and once used). A free that takes the footprint
     /// to a new low since that sample, under the mark, brings the next sample forward to the
@@ -106,7 +103,6 @@ impl Engine {
             peak_outgrown: false,
             in_pressure: false,
             headroom_released: 0,
-            backing_settled: false,
             fall_mark: 0,
             model,
             footprint: Counter::default(),
@@ -358,10 +354,8 @@ impl Engine {
     ) {
         // Slabs go to pages from now on
         // ([`Suballoc::back_by_pages`](crate::strategy::Suballoc::back_by_pages), which keeps
-        // it): under `suballoc.backing = "auto"`, decided when the first cycle is seen, or
-        // failing that once, when the footprint first comes back to its peak (the cycle has then
-        // run whole), where the run gave back more than the headroom's worth under the headroom
-        // or the low watermark until then (one handle a
+        // it): under `suballoc.backing = "auto"`, decided once, when the first cycle is seen,
+        // where it gave back more than the headroom's worth under the headroom (one handle a
         // slab strands more near the capacity than the headroom leaves, so each step gives back
         // what the next takes again) and the prices the device has shown say a page moved costs
         // less than one created (`DriverOps::recycling_pays`: pages then keep the steady state
@@ -375,37 +369,18 @@ impl Engine {
         // headroom free at the peak instead, it paid on `phase-change` (5 -> 76 ms a pass). The
         // robustness grid, the short given peaks (`scripts/short-peak.sh`) and co-tenants of
         // half the slack the same.
-        //
-        // Decided at the first cycle alone, runs that give back under the headroom only later
-        // in their first step kept one handle a slab: `cpu-gpt2-train` at 1.1x passthrough's
-        // minimum gave back 198 MiB under the low watermark every step and made it again, 53.3
-        // ms a pass; with the second chance at the peak's return 16.8 (`cpu-resnet18-train`
-        // 3.8 -> 0.04), 1.1x summed where PyTorch's allocator completes 58.8 -> 18.5 ms a pass.
-        // Also taken now, not paying: `gpu-small-fwd-fp32` 13.6 -> 22.4 and
-        // `gpu-medium-ctx128-infer` 80.9 -> 84.3, where PyTorch's allocators both fail; under
-        // vmm-fast.toml `cpu-gpt2-train` 13.0 -> 17.6 (`gpu-medium-ctx1024-infer` 49.3 -> 4.9).
-        // The robustness grid the same (7 / 3 / 4); 1.5x, 2x and 4x peak live unchanged.
-        let first_cycle = plan.cycle_seen && !self.prior.cycle_seen;
-        let to_pages = (first_cycle || s.peak_recurred)
-            && !self.backing_settled
+        let to_pages = plan.cycle_seen
+            && !self.prior.cycle_seen
             && self.limits.backing == SlabBacking::Auto
             && self.headroom_released > plan.headroom
             && dev.stats().ops.recycling_pays();
-        if to_pages || s.peak_recurred {
-            self.backing_settled = true;
-        }
         if to_pages {
             self.journal.backing_to_pages(
                 s.op,
                 format!(
-                    "{} given back under the headroom ({}) {}, and a page moved costs less than one created",
+                    "the first cycle gave back {} under the headroom ({}), and a page moved costs less than one created",
                     ByteSize(self.headroom_released),
-                    ByteSize(plan.headroom),
-                    if first_cycle {
-                        "before the first cycle"
-                    } else {
-                        "before the workload's peak came back"
-                    }
+                    ByteSize(plan.headroom)
                 ),
             );
         }
@@ -486,7 +461,7 @@ impl Engine {
                 need = need.saturating_sub(r);
             }
         }
-        if !self.backing_settled && (plan.reason == assess::UNDER_HEADROOM || plan.reason == assess::UNDER_WATERMARK) {
+        if !self.prior.cycle_seen && (plan.reason == assess::UNDER_HEADROOM || plan.reason == assess::UNDER_WATERMARK) {
             self.headroom_released += released;
         }
         let (headroom, reason, free) = (plan.headroom, plan.reason, s.free);
