@@ -143,7 +143,9 @@ fn main() {
         "Where adaptive stands: each slab is one physical handle (a cuMemCreate and a cuMemMap; in the \
          A100 figures the default model takes, a 128 MiB handle's create costs 608 us and a 2 MiB page's \
          193), which out of memory it splits into pages, giving back what live blocks do not touch: that is \
-         what lets it complete every workload down to passthrough's exact minimum. Near the capacity, where \
+         what lets it complete every workload down to passthrough's exact minimum in one pass (repeated ten \
+         times at that minimum under vmm-fast.toml, one request of gpu-medium-ctx128-train fails: the \
+         1.0x tables below). Near the capacity, where \
          a run's first cycle gives back more than the headroom's worth and a page moved costs less than one \
          created, the run goes to pages from then on. Summed over the workloads, its first pass costs about \
          what `pytorch`'s does with room (4x peak live) and more on tight devices, `small-churn`'s strand \

@@ -1,6 +1,8 @@
 //! Warm-up and steady state (issue 24's yardstick): adaptive against `pytorch`,
 //! `pytorch-expandable` and `cuda-async-retain` on every trace in ../shared/traces and the bundled
-//! workloads, at 1.1x passthrough's minimum and 1.5x, 2x and 4x peak live, under the default cost
+//! workloads, at 1.0x, 1.05x and 1.1x passthrough's minimum and 1.5x, 2x and 4x peak live (issue 24
+//! sets targets at 1.1x and above; the two below show what a change costs closer to the
+//! minimum), under the default cost
 //! model and `tuning/cost-models/vmm-fast.toml`, with `--repeat 10`: the steady state is the mean
 //! per pass over passes 6-10 and the warm-up the first five passes less four steady passes.
 //! Prints, as Markdown, a table per cost model and capacity (failed allocations, warm-up and
@@ -10,7 +12,7 @@
 //! advises, checked by replay over ten passes as `adaptalloc replay --repeat 10` does. Written
 //! to `tuning/reports/steady.md`:
 //!
-//! `cargo run --release --example steady_eval > tuning/reports/steady.md` (about 35 s here);
+//! `cargo run --release --example steady_eval > tuning/reports/steady.md` (about 55 s here);
 //! `-- --policy FILE` evaluates another policy as adaptive's; `-- --cost-model FILE` prices with
 //! that model alone (`tuning/reports/steady-nvidia-h200.md`: the prices measured on an H200).
 

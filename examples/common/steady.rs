@@ -112,8 +112,8 @@ pub fn default_models() -> Vec<(String, CostModel)> {
     ]
 }
 
-/// Prints a table per cost model in `models` (name, model) and capacity (1.1x passthrough's
-/// minimum, 1.5x, 2x and 4x peak live) over `traces`, each under a heading of level `h` (`##`),
+/// Prints a table per cost model in `models` (name, model) and capacity (1.0x, 1.05x and 1.1x
+/// passthrough's minimum, 1.5x, 2x and 4x peak live) over `traces`, each under a heading of level `h` (`##`),
 /// with `policy` (the default where None) as adaptive's: failed allocations, warm-up and steady
 /// state a pass in ms, the sums, and every miss of issue 24's targets with its cause and what
 /// the run's tuning report advises (checked by replay over ten passes, as `adaptalloc replay
@@ -122,11 +122,11 @@ pub fn print_tables(traces: &[Trace], policy: Option<Policy>, models: &[(String,
     let g = Granularity::default();
     let factor = move |t: &Trace, f: f64| Capacity::Factor(f).bytes_for(t.peak_live_bytes(), g.large_granule);
     type Cap = Box<dyn Fn(&Trace) -> u64>;
+    let of_min = move |f: f64| move |t: &Trace| round_up((passthrough_min_capacity(t, g) as f64 * f) as u64, 256);
     let caps: Vec<(&str, Cap)> = vec![
-        (
-            "1.1x min",
-            Box::new(move |t: &Trace| round_up((passthrough_min_capacity(t, g) as f64 * 1.1) as u64, 256)),
-        ),
+        ("1.0x min", Box::new(of_min(1.0))),
+        ("1.05x min", Box::new(of_min(1.05))),
+        ("1.1x min", Box::new(of_min(1.1))),
         ("1.5x", Box::new(move |t: &Trace| factor(t, 1.5))),
         ("2x", Box::new(move |t: &Trace| factor(t, 2.0))),
         ("4x", Box::new(move |t: &Trace| factor(t, 4.0))),
@@ -148,6 +148,12 @@ pub fn print_tables(traces: &[Trace], policy: Option<Policy>, models: &[(String,
             println!(
                 "| workload | adaptive | pytorch | pytorch-expandable | cuda-async-retain |\n|---|---|---|---|---|"
             );
+            // Near passthrough's minimum: no warm-up target, and the steady target against the
+            // better of the two PyTorch allocators. Issue 24 sets targets at 1.1x alone; under it
+            // the tables show what the capacities closer to the minimum cost (a change that pays
+            // at 1.1x can cost at 1.0x and 1.05x), with no misses.
+            let tight = label.ends_with("min");
+            let targeted = !tight || label.starts_with("1.1");
             let (mut warm, mut warm_pt, mut steady, mut steady_pt) = (0u64, 0u64, 0u64, 0u64);
             let mut misses = Vec::new();
             let mut failed = 0;
@@ -169,7 +175,6 @@ pub fn print_tables(traces: &[Trace], policy: Option<Policy>, models: &[(String,
                 }
                 let (aw, asd) = (a.warmup_ns.unwrap(), a.steady_pass_ns.unwrap());
                 let pt = &rs[0];
-                let tight = label.starts_with("1.1");
                 // Steady target: pytorch's (+0.5 ms); at 1.1x min, the better of pytorch and
                 // pytorch-expandable wherever either completes.
                 let best_steady = rs[..2]
@@ -193,6 +198,7 @@ pub fn print_tables(traces: &[Trace], policy: Option<Policy>, models: &[(String,
                 let mut advised = None;
                 let used = policy.clone().unwrap_or_default();
                 if let Some(b) = best_steady
+                    && targeted
                     && a.completed
                     && asd > b + 500_000
                 {
@@ -240,10 +246,10 @@ pub fn print_tables(traces: &[Trace], policy: Option<Policy>, models: &[(String,
             println!(
                 "\nSums where both complete{}: warm-up adaptive {:.1} ms, pytorch {:.1} ms; steady state {:.2} vs {:.2} ms a \
                  pass. Adaptive's failed allocations where passthrough completes: {failed}. Misses of issue 24's targets: {}.\n",
-                if label.starts_with("1.1") {
-                    " (no warm-up target at 1.1x)"
-                } else {
-                    ""
+                match (tight, targeted) {
+                    (true, true) => " (no warm-up target at 1.1x)",
+                    (true, false) => " (no target at this capacity: issue 24 sets them at 1.1x)",
+                    _ => "",
                 },
                 ms(warm),
                 ms(warm_pt),
