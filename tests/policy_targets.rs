@@ -148,6 +148,51 @@ fn default_never_fails_where_passthrough_completes() {
     ));
 }
 
+/// Repeated near passthrough's minimum: ten passes at exactly it and at 1.05x, as
+/// `steady_eval`'s 1.0x and 1.05x tables run them, under the default prices and
+/// `vmm-fast.toml` (a different layout: moves and creates are priced otherwise). Over ten
+/// passes what frees strand in pages live blocks still touch builds up where one pass does not:
+/// under vmm-fast.toml `gpu-medium-ctx128-train` at the exact minimum fails one 39 MiB request
+/// in the sixth to tenth pass with 36 MiB free, one page short of what a splice of two page ends
+/// and fresh pages needs. That one case is reported, not asserted; any other failure, and any
+/// under the default prices, fails the test. Unseen traces are reported as in
+/// [`default_never_fails_where_passthrough_completes`].
+#[test]
+fn ten_passes_near_passthroughs_minimum_do_not_fail() {
+    let vmm_fast = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tuning/cost-models/vmm-fast.toml");
+    let known = [("vmm-fast", 1.0, "gpu-medium-ctx128-train.csv")];
+    for (model, cost) in [
+        ("default", CostModel::default()),
+        ("vmm-fast", CostModel::from_file(&vmm_fast).unwrap()),
+    ] {
+        let opts = CompareOptions {
+            repeat: 10,
+            cost_model: cost,
+            ..CompareOptions::default()
+        };
+        for t in all_traces() {
+            let min = passthrough_min_capacity(&t, Granularity::default());
+            for factor in [1.0, 1.05] {
+                let cap = (min as f64 * factor) as u64;
+                let ours = run_one(&t, Contender::Adaptive, cap, &opts);
+                if ours.failed_allocs == 0 {
+                    continue;
+                }
+                let what = format!(
+                    "{} x10 at {factor}x passthrough's minimum under {model}: {} failed",
+                    t.name, ours.failed_allocs
+                );
+                let measured = MEASURED.contains(&t.name.as_str());
+                if !measured || known.contains(&(model, factor, t.name.as_str())) {
+                    common::known_gap(&what);
+                    continue;
+                }
+                panic!("{what}");
+            }
+        }
+    }
+}
+
 /// Between the 1% steps: the bundled small-churn, a random churn on a device of 7 pages, at
 /// every 0.05% from passthrough's exact minimum to 1.05x. It failed at 1.002x, 1.0205x and
 /// 1.0355-1.038x until tight mode stopped waiting for the slabs to strand on devices of so few
