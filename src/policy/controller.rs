@@ -369,8 +369,8 @@ impl Engine {
         // headroom free at the peak instead, it paid on `phase-change` (5 -> 76 ms a pass). The
         // robustness grid, the short given peaks (`scripts/short-peak.sh`) and co-tenants of
         // half the slack the same.
-        let to_pages = plan.cycle_seen
-            && !self.prior.cycle_seen
+        let first_cycle = plan.cycle_seen && !self.prior.cycle_seen;
+        let to_pages = first_cycle
             && self.limits.backing == SlabBacking::Auto
             && self.headroom_released > plan.headroom
             && dev.stats().ops.recycling_pays();
@@ -384,7 +384,7 @@ impl Engine {
                 ),
             );
         }
-        if plan.cycle_seen && !self.prior.cycle_seen {
+        if first_cycle {
             tracing::debug!(
                 op = s.op,
                 peak = s.footprint_peak,

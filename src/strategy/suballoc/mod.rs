@@ -447,7 +447,7 @@ impl Suballoc {
             .empty
             .iter()
             .copied()
-            .filter(|&id| self.pages[id as usize].as_ref().is_some_and(|pm| !pm.pages_only()))
+            .filter(|&id| self.in_larger_handles(id))
             .collect();
         let mut released = 0;
         for id in large {
@@ -455,6 +455,11 @@ impl Suballoc {
         }
         released += self.split_handles(dev, u64::MAX, false).released;
         tracing::info!(released, "slabs backed by pages from now on");
+    }
+
+    /// Slab `id` is mapped in handles some of which are larger than a page.
+    fn in_larger_handles(&self, id: u32) -> bool {
+        self.pages[id as usize].as_ref().is_some_and(|pm| !pm.pages_only())
     }
 
     /// Bytes in wholly empty slabs (releasable); the rest of the idle bytes is free space
@@ -501,16 +506,17 @@ impl Suballoc {
         if emptied {
             self.slabs[n.slab].emptied_at = now;
             self.mark_empty(n.slab);
+            // Backed by pages from now on: a slab in larger handles goes back as it empties.
+            if self.by_pages && self.in_larger_handles(n.slab) {
+                let _ = self.release_slab(dev, n.slab);
+                return;
+            }
             // Empty slabs count their address space here, not the pages still mapped in them
             // (a paged empty slab whose pages went elsewhere holds little). Counting mapped
             // pages instead (measured): at 1.1x passthrough's minimum `serving` 502 -> 229 ms a
             // pass and `phase-change` 133 -> 39, but `training` 185 -> 323, `cpu-gpt2-train` 15
             // -> 55; summed where PyTorch's allocator completes, 200.7 -> 383.8 ms (vmm-fast
             // 43.9 -> 65.7), the robustness grid unchanged. Kept as it is.
-            if self.by_pages && self.pages[n.slab as usize].as_ref().is_some_and(|pm| !pm.pages_only()) {
-                let _ = self.release_slab(dev, n.slab);
-                return;
-            }
             if self.acct.empty() > self.config.max_empty_bytes {
                 self.released_over_bound += self.release_empty_slabs(dev, self.config.max_empty_bytes);
             }
