@@ -138,6 +138,10 @@ pub(crate) struct Plan {
     /// 1514 -> 1131, 1164 -> 806); `serving` at 1.2x, whose layout fit without thrashing, now
     /// moves pages every pass (0.04 -> 376 ms; 40 -> 45 under vmm-fast.toml).
     pub slab_limit: u64,
+    /// Free device memory less the headroom: what a new slab could take without a release
+    /// (the slab limit is at most this; an empty slab made for one large block is kept for
+    /// blocks of its size where this is under its size, `Suballoc::kept_for_its_block`).
+    pub device_room: u64,
     /// The free memory kept for others now: `bounds.headroom`, and once a cycle is seen no more
     /// than the share of the memory expected free at the peak that the bounds leave to others.
     pub headroom: u64,
@@ -224,6 +228,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         pressure,
         tight,
         slab_limit: s.free.saturating_sub(headroom).min(cap.saturating_sub(s.reserved)),
+        device_room: s.free.saturating_sub(headroom),
         headroom,
         segregate: match lim.segregate {
             Segregate::Always => true,

@@ -433,7 +433,7 @@ impl Engine {
             if let Strategy::Suballoc(sub) = st {
                 sub.set_strand_budget(plan.strand_budget);
                 sub.set_strand_floor(plan.strand_floor);
-                sub.set_slab_limit(plan.slab_limit);
+                sub.set_slab_limit(plan.slab_limit, plan.device_room);
                 sub.set_segregate(plan.segregate);
                 sub.set_growth(plan.growth);
                 sub.set_peak_known(plan.peak_known);

@@ -145,6 +145,9 @@ struct Slab {
     empty_pos: Option<u32>,
     /// The operation count when it last became empty, for ageing.
     emptied_at: u64,
+    /// Made to the size of one block larger than the slab the growth rule would take
+    /// ([`kept_for_its_block`](Suballoc::kept_for_its_block)).
+    own: bool,
 }
 
 /// The suballocator: blocks carved from slabs (large driver allocations, or address ranges
@@ -213,6 +216,13 @@ pub struct Suballoc {
     /// headroom free at the workload's peak: new slabs are pages, and slabs in larger handles
     /// go back once empty ([`back_by_pages`](Self::back_by_pages)).
     by_pages: bool,
+    /// Free device memory less the headroom, set by the policy engine with each plan: the
+    /// most a new slab could take without a release.
+    device_room: u64,
+    /// The largest slab made for one large block so far, and whether `device_room` is under
+    /// it (then best fit's choice is checked by [`kept_for_its_block`](Self::kept_for_its_block)).
+    largest_own: u64,
+    keeps_own: bool,
 }
 
 impl Suballoc {
@@ -244,6 +254,9 @@ impl Suballoc {
             next_at_end: false,
             split_for_others: false,
             by_pages: false,
+            device_room: u64::MAX,
+            largest_own: 0,
+            keeps_own: false,
         }
     }
 
@@ -304,7 +317,8 @@ impl Suballoc {
         let own = self.own_list(stream, pool);
         let found = own
             .and_then(|li| self.find(li, bytes))
-            .or_else(|| self.any_list[pool as usize].and_then(|li| self.find(li, bytes)));
+            .or_else(|| self.any_list[pool as usize].and_then(|li| self.find(li, bytes)))
+            .filter(|&idx| !self.kept_for_its_block(dev, idx, bytes));
         let footprint = self.footprint(dev, bytes);
         let pad = found.map_or(0, |idx| self.placement_pad(idx, bytes));
         if let Some(budget) = self.strand_budget.filter(|_| guarded)
@@ -399,9 +413,12 @@ impl Suballoc {
     }
 
     /// Caps what the slabs may take from the driver beyond what a request needs (see
-    /// `slab_limit`).
-    pub fn set_slab_limit(&mut self, limit: u64) {
+    /// `slab_limit`), and says how much free memory a new slab could take without a release
+    /// (`device_room`: free device memory less the headroom; the limit is at most that).
+    pub fn set_slab_limit(&mut self, limit: u64, device_room: u64) {
         self.slab_limit = limit;
+        self.device_room = device_room;
+        self.keeps_own = device_room < self.largest_own;
     }
 
     /// The footprint the workload's blocks will fill at its peak, where the policy gives the
@@ -430,36 +447,6 @@ impl Suballoc {
     /// under `auto` without it, none with it (`examples/tenant_eval`).
     pub fn set_split_for_others(&mut self, on: bool) {
         self.split_for_others = on;
-    }
-
-    /// From now on, back new slabs by pages (under `SlabBacking::Auto`; once on, it stays on):
-    /// the empty slabs in larger handles go back now, the untouched pages of handles live
-    /// blocks hold in part go back by a split, and slabs in larger handles go back as they
-    /// empty, so that the layout is pages by the next cycle's peak. The controller turns it on
-    /// where a cycle has run without the headroom free at its peak.
-    #[cold]
-    pub fn back_by_pages(&mut self, dev: &dyn Device) {
-        if self.by_pages || self.config.backing != SlabBacking::Auto || self.paged_vmm(dev).is_none() {
-            return;
-        }
-        self.by_pages = true;
-        let large: Vec<u32> = self
-            .empty
-            .iter()
-            .copied()
-            .filter(|&id| self.in_larger_handles(id))
-            .collect();
-        let mut released = 0;
-        for id in large {
-            released += self.release_slab(dev, id).unwrap_or(0);
-        }
-        released += self.split_handles(dev, u64::MAX, false).released;
-        tracing::info!(released, "slabs backed by pages from now on");
-    }
-
-    /// Slab `id` is mapped in handles some of which are larger than a page.
-    fn in_larger_handles(&self, id: u32) -> bool {
-        self.pages[id as usize].as_ref().is_some_and(|pm| !pm.pages_only())
     }
 
     /// Bytes in wholly empty slabs (releasable); the rest of the idle bytes is free space

@@ -381,7 +381,7 @@ fn pages_moved_from_adjoining_slabs_all_arrive() {
         sub.deallocate(&dev, g.meta, 0, i as u64);
     }
     assert_eq!(sub.unmap_unused(&dev, 6 * MIB), 6 * MIB, "slab 0's three idle pages");
-    sub.set_slab_limit(0);
+    sub.set_slab_limit(0, 0);
     let before = dev.stats().ops;
     let c = sub.allocate(&dev, 6 * MIB, 0).unwrap();
     let ops = dev.stats().ops.since(&before);
@@ -422,7 +422,7 @@ fn a_mapped_hole_serves_where_the_headroom_has_no_room_for_pages() {
         sub.deallocate(&dev, x0.meta, 0, 2);
         assert_eq!(sub.unmap_unused(&dev, 6 * MIB), 6 * MIB);
         assert!(!dev.is_backed(x0.ptr, 6 * MIB) && dev.is_backed(x1.ptr, 6 * MIB));
-        sub.set_slab_limit(limit);
+        sub.set_slab_limit(limit, limit);
         let before = dev.stats().ops;
         let c = sub.allocate(&dev, 6 * MIB, 0).unwrap();
         let ops = dev.stats().ops.since(&before);
@@ -461,7 +461,7 @@ fn a_known_peak_moves_pages_whatever_the_prices() {
         sub.deallocate(&dev, a2.meta, 0, 2);
         assert_eq!(sub.unmap_unused(&dev, 6 * MIB), 6 * MIB, "slab 0's three idle pages");
         assert!(!dev.stats().ops.recycling_pays(), "vmm-fast: a create is cheaper");
-        sub.set_slab_limit(0);
+        sub.set_slab_limit(0, 0);
         sub.set_peak_known(known);
         let before = dev.stats().ops;
         let g = sub.allocate(&dev, 6 * MIB, 0).unwrap();
@@ -554,5 +554,39 @@ fn the_empty_slab_to_release_follows_the_prices() {
         assert_eq!(dev.used_bytes(), 96 * MIB);
         sub.release_empty_slabs(&dev, 64 * MIB);
         assert_eq!(dev.used_bytes(), kept, "{}", dev.stats().ops.recycling_pays());
+    }
+}
+
+/// An empty slab made for one large block is left to that block's kind where free memory less
+/// the headroom could not give it a new one: a smaller request takes a slab of its own while
+/// the slab limit has room for it twice over, and the large block, back, finds its slab whole.
+/// With room on the device, or none under the slab limit, best fit splits the slab as before.
+#[test]
+fn an_empty_slab_made_for_a_large_block_is_kept_for_it_near_the_capacity() {
+    for (device_room, limit, kept) in [
+        (u64::MAX, u64::MAX, false),
+        (16 * MIB, 16 * MIB, true),
+        (16 * MIB, 4 * MIB, false),
+    ] {
+        let dev = SimDevice::new(GIB);
+        let mut sub = Suballoc::new(eight_mib_slabs());
+        let big = sub.allocate(&dev, 32 * MIB, 0).unwrap();
+        sub.deallocate(&dev, big.meta, 0, 1);
+        sub.set_slab_limit(limit, device_room);
+        let small = sub.allocate(&dev, 4 * MIB, 0).unwrap();
+        let inside = (big.ptr..big.ptr + 32 * MIB).contains(&small.ptr);
+        assert_eq!(inside, !kept, "room {device_room}, limit {limit}");
+        let again = sub.allocate(&dev, 32 * MIB, 0).unwrap();
+        assert_eq!(
+            again.ptr == big.ptr,
+            kept,
+            "the large block finds its slab whole only where it was kept"
+        );
+        for (i, g) in [small, again].into_iter().enumerate() {
+            sub.deallocate(&dev, g.meta, 0, 10 + i as u64);
+        }
+        sub.unmap_unused(&dev, u64::MAX);
+        sub.release_empty_slabs(&dev, 0);
+        assert_eq!(dev.leak_report().blocks, 0);
     }
 }
