@@ -141,6 +141,10 @@ pub(crate) struct Plan {
     /// Free device memory less the headroom: what a new slab could take without a release
     /// (the slab limit is at most this; an empty slab made for one large block is kept for
     /// blocks of its size where this is under its size, `Suballoc::kept_for_its_block`).
+    /// `u64::MAX` until the workload's cycle is seen: before its large blocks have come back,
+    /// nothing says keeping a slab for them pays, and the memory a smaller request then takes
+    /// beside the idle slab left a co-tenant arriving mid-run short of the headroom
+    /// (`gpu-medium-ctx1024-infer` at 1.5x passthrough's minimum, `tests/policy_engine.rs`).
     pub device_room: u64,
     /// The free memory kept for others now: `bounds.headroom`, and once a cycle is seen no more
     /// than the share of the memory expected free at the peak that the bounds leave to others.
@@ -228,7 +232,11 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         pressure,
         tight,
         slab_limit: s.free.saturating_sub(headroom).min(cap.saturating_sub(s.reserved)),
-        device_room: s.free.saturating_sub(headroom),
+        device_room: if cycle_seen {
+            s.free.saturating_sub(headroom)
+        } else {
+            u64::MAX
+        },
         headroom,
         segregate: match lim.segregate {
             Segregate::Always => true,

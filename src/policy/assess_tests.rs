@@ -126,6 +126,15 @@ fn slab_limit_stays_within_the_share_cap() {
     let p = assess(&s, &l, Prior::default());
     assert!(p.cycle_seen && p.reason == OVER_SHARE);
     assert_eq!((p.headroom, p.slab_limit), (2 * GIB, 0));
+    // What a new slab could take without a release is free memory less the headroom, whatever
+    // the cap (`Suballoc::kept_for_its_block` reads it), once the cycle is seen; before, none
+    // is read.
+    assert_eq!(p.device_room, 2 * GIB);
+    let mut early = s;
+    (early.op, early.footprint_low, early.footprint) = (0, s.footprint_peak, s.footprint_peak);
+    let e = assess(&early, &l, Prior::default());
+    assert!(!e.cycle_seen);
+    assert_eq!(e.device_room, u64::MAX);
     // 7 GiB held (3 GiB given back): 1 GiB under the cap.
     (s.free, s.reserved, s.idle) = (7 * GIB, 7 * GIB, 5 * GIB);
     assert_eq!(assess(&s, &l, Prior::default()).slab_limit, GIB);

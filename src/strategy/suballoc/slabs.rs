@@ -113,27 +113,32 @@ impl Suballoc {
     }
 
     /// Whether best fit's choice, free node `idx`, is an empty slab made for one larger block
-    /// that a request of `bytes` (under half of it) should leave for that block's kind: free
-    /// device memory less the headroom is under the slab's size, so the larger block, coming
-    /// back, could not get a new slab without a release, while the slab limit has room for the
-    /// request's own slab twice over. The request then gets a new slab. Split instead, the
-    /// slab stays pinned by the smaller blocks and the larger one takes a slab of its own
-    /// again, giving back under the headroom to make room: `gpu-medium-ctx1024-infer` at 1.1x
-    /// passthrough's minimum, four 256 MiB blocks a layer and 16 MiB ones living across
-    /// layers, released and created 1.2 GiB of pages every pass (220 ms); now none (0.02 ms).
-    /// Measured on `steady_eval`'s 17 workloads (steady state a pass, summed): 1.1x 1889 ->
-    /// 1583 ms (where PyTorch's allocator completes 58.8 -> 6.5; `cpu-gpt2-train` 53.3 ->
-    /// 0.08, `gpu-medium-ctx256-infer` 45.7 -> 1.3; dearer `gpu-medium-ctx512-infer` 98.7 ->
-    /// 112.5), vmm-fast.toml 1453 -> 1412; but 1.05x 3559 -> 3842 and 1.0x 5976 -> 6215
-    /// (`serving` and `phase-change` there, where PyTorch's allocator fails); 1.5x peak live's
-    /// warm-up 1756 -> 1758 ms, 2x and 4x, the robustness grid (7 / 3 / 4) and the known failure
-    /// at the exact minimum the same.
-    /// Tested against the slab limit instead of free memory (the share cap then counts too),
-    /// `gpu-medium-ctx128-infer` at 1.5x peak live warmed up in 78 ms instead of 10, its small
-    /// blocks' new slabs given back over the cap and made again; without either test, 2x and
-    /// 4x warm-ups grew by half and the grid failed 19 runs at the exact minimum. Cost on the
-    /// hot path: one test of a flag (`keeps_own`: free memory less the headroom is under the
-    /// largest such slab), set with each plan and each such slab.
+    /// that a request of `bytes` (under half of it) should leave for that block's kind: the
+    /// workload's cycle has been seen (its large blocks come back), free device memory less the
+    /// headroom is under the slab's size, so the larger block, back, could not get a new slab
+    /// without a release, and the slab limit has room for the request's own slab twice over.
+    /// The request then gets a new slab. Split instead, the slab stays pinned by the smaller
+    /// blocks and the larger one takes a slab of its own again, giving back under the headroom
+    /// to make room: `gpu-medium-ctx1024-infer` at 1.1x passthrough's minimum, four 256 MiB
+    /// blocks a layer and 16 MiB ones living across layers, released and created 1.2 GiB of
+    /// pages every pass (220 ms); now none (0.02 ms; vmm-fast.toml 49.3 -> 0.02). Measured on
+    /// `steady_eval`'s 17 workloads (steady state a pass, summed): 1.1x 1889 -> 1586 ms (where
+    /// PyTorch's allocator completes 58.8 -> 6.5; `cpu-gpt2-train` 53.3 -> 0.08,
+    /// `gpu-medium-ctx256-infer` 45.7 -> 1.3; dearer `gpu-medium-ctx512-infer` 98.7 -> 115.3),
+    /// vmm-fast.toml 1453 -> 1363; but 1.05x 3559 -> 3958 and 1.0x 5976 -> 6243 (`serving` and
+    /// `phase-change`, where PyTorch's allocator fails; where it completes, 1.05x 686.8 ->
+    /// 710.0); 1.5x peak live's warm-up 1756 -> 1757 ms, 2x and 4x, the robustness grid (7 / 3
+    /// / 4), `robustness_sweep` and the known failure at the exact minimum the same. From the
+    /// first request instead of the cycle, a co-tenant taking the headroom mid-run was refused
+    /// (`gpu-medium-ctx1024-infer` at 1.5x passthrough's minimum: the new slab took the slab
+    /// limit whole beside the idle one); a new slab of the request's size or of half the slab
+    /// limit lost the gain (233-248 ms a pass). Tested against the slab limit instead of free
+    /// memory (the share cap then counts too), `gpu-medium-ctx128-infer` at 1.5x peak live
+    /// warmed up in 78 ms instead of 10, its small blocks' new slabs given back over the cap
+    /// and made again; without either test, 2x and 4x warm-ups grew by half and the grid failed
+    /// 19 runs at the exact minimum. Cost on the hot path: one test of a flag (`keeps_own`:
+    /// free memory less the headroom is under the largest such slab), set with each plan and
+    /// each such slab.
     #[inline]
     pub(super) fn kept_for_its_block(&self, dev: &dyn Device, idx: u32, bytes: u64) -> bool {
         self.keeps_own && self.kept_cold(dev, idx, bytes)
