@@ -220,6 +220,7 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         }
     }
     let tight = !known && !layout_fits(measured, lim, floor) && tight(s, lim, prior.tight, strand_budget);
+    let room = s.free.saturating_sub(headroom);
     Plan {
         cycle_seen,
         spare,
@@ -231,12 +232,8 @@ pub(crate) fn assess(s: &Sample, lim: &Limits, prior: Prior) -> Plan {
         unmap_pages,
         pressure,
         tight,
-        slab_limit: s.free.saturating_sub(headroom).min(cap.saturating_sub(s.reserved)),
-        device_room: if cycle_seen {
-            s.free.saturating_sub(headroom)
-        } else {
-            u64::MAX
-        },
+        slab_limit: room.min(cap.saturating_sub(s.reserved)),
+        device_room: if cycle_seen { room } else { u64::MAX },
         headroom,
         segregate: match lim.segregate {
             Segregate::Always => true,

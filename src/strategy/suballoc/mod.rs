@@ -219,10 +219,9 @@ pub struct Suballoc {
     /// Free device memory less the headroom, set by the policy engine with each plan: the
     /// most a new slab could take without a release.
     device_room: u64,
-    /// The largest slab made for one large block so far, and whether `device_room` is under
-    /// it (then best fit's choice is checked by [`kept_for_its_block`](Self::kept_for_its_block)).
+    /// The largest slab made for one large block so far: while `device_room` is under it, best
+    /// fit's choice is checked by [`kept_for_its_block`](Self::kept_for_its_block).
     largest_own: u64,
-    keeps_own: bool,
 }
 
 impl Suballoc {
@@ -256,7 +255,6 @@ impl Suballoc {
             by_pages: false,
             device_room: u64::MAX,
             largest_own: 0,
-            keeps_own: false,
         }
     }
 
@@ -418,7 +416,6 @@ impl Suballoc {
     pub fn set_slab_limit(&mut self, limit: u64, device_room: u64) {
         self.slab_limit = limit;
         self.device_room = device_room;
-        self.keeps_own = device_room < self.largest_own;
     }
 
     /// The footprint the workload's blocks will fill at its peak, where the policy gives the

@@ -136,12 +136,11 @@ impl Suballoc {
     /// memory (the share cap then counts too), `gpu-medium-ctx128-infer` at 1.5x peak live
     /// warmed up in 78 ms instead of 10, its small blocks' new slabs given back over the cap
     /// and made again; without either test, 2x and 4x warm-ups grew by half and the grid failed
-    /// 19 runs at the exact minimum. Cost on the hot path: one test of a flag (`keeps_own`:
-    /// free memory less the headroom is under the largest such slab), set with each plan and
-    /// each such slab.
+    /// 19 runs at the exact minimum. Cost on the hot path: one compare of two fields (free
+    /// memory less the headroom against the largest such slab).
     #[inline]
     pub(super) fn kept_for_its_block(&self, dev: &dyn Device, idx: u32, bytes: u64) -> bool {
-        self.keeps_own && self.kept_cold(dev, idx, bytes)
+        self.device_room < self.largest_own && self.kept_cold(dev, idx, bytes)
     }
 
     #[cold]
@@ -184,9 +183,8 @@ impl Suballoc {
             round_up(count.saturating_mul(bytes), granule).min(max_slab)
         };
         let own = exact >= preferred.min(limit);
-        if own && exact > self.largest_own {
-            self.largest_own = exact;
-            self.keeps_own = self.device_room < exact;
+        if own {
+            self.largest_own = self.largest_own.max(exact);
         }
         let preferred = preferred.min(limit).max(exact);
         // The handle the slab would be mapped in. A slab one handle backs whole is that handle,
