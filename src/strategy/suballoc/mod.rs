@@ -9,6 +9,7 @@
 //! keeps the restriction).
 
 mod accounting;
+mod fewest;
 mod freelists;
 mod guard;
 mod paging;
@@ -148,6 +149,10 @@ struct Slab {
     /// Made to the size of one block larger than the slab the growth rule would take
     /// ([`kept_for_its_block`](Suballoc::kept_for_its_block)).
     own: bool,
+    /// What it counts toward the empty-slab bound while empty: its size, or for a slab that
+    /// reserved address space beyond what it was made to map ([`new_slab`](Suballoc::new_slab)),
+    /// that.
+    counted: u64,
 }
 
 /// The suballocator: blocks carved from slabs (large driver allocations, or address ranges

@@ -1,11 +1,14 @@
 //! Page-backed slabs of the suballocator: mapping the pages a new block needs, and giving back
 //! pages no live block touches (the page bookkeeping itself is `strategy::pages`).
 
+use std::ops::Range;
+
 use crate::device::{Device, DevicePtr};
 use crate::error::DeviceError;
 use crate::size::round_up;
 use crate::strategy::{Grant, StreamId};
 
+use super::fewest::MANY_PAGES;
 use super::{NIL, PageMap, SlabBacking, Suballoc, USED};
 
 /// What [`Suballoc::map_for`] did for a placement.
@@ -29,6 +32,9 @@ pub(super) enum Mapping {
     /// slab's handles are (as for the page recycler in `map_pages`): memory left unmapped there
     /// went to large handles that stranded requests (robustness grid, failing runs from 1.03x:
     /// 125 -> 127; 1.1x: 429 -> 460 ms a pass). `blocks`: 243 -> 219 ms a pass, the grid the same.
+    /// Once slabs are backed by pages, also a placement that lacks fewer pages than best
+    /// fit's, where best fit's would move [`MANY_PAGES`] or more
+    /// ([`fewest_unmapped`](Suballoc::fewest_unmapped)).
     Elsewhere(Grant),
 }
 
@@ -196,6 +202,16 @@ impl Suballoc {
         {
             return Ok(Mapping::Elsewhere(g));
         }
+        if let Some(stream) = elsewhere
+            && self.by_pages
+            && pages >= MANY_PAGES
+            && self.pages_past_room(pages, page) > 0
+            && let Some((j, at, fewer)) = self.fewest_unmapped(bytes, stream)
+            && fewer < pages
+            && let Some(g) = self.map_elsewhere(dev, j, at, bytes)?
+        {
+            return Ok(Mapping::Elsewhere(g));
+        }
         let pm = self.pages[n.slab as usize].as_mut().expect("checked above");
         let vmm = dev.vmm().expect("a paged slab's device has vmm");
         let pieces = if self.config.backing == SlabBacking::Blocks {
@@ -205,7 +221,10 @@ impl Suballoc {
             runs.iter().map(|&(off, len)| (off, len, page)).collect()
         };
         if pieces.iter().all(|&(_, _, handle)| handle == page) && pm.pages_only() {
-            return self.map_pages(dev, n.slab, &runs, page).map(|()| Mapping::Made);
+            let start = n.addr + pad - slab.base;
+            return self
+                .map_pages(dev, n.slab, &runs, page, start..start + bytes)
+                .map(|()| Mapping::Made);
         }
         let mut done: Vec<(u64, u64)> = Vec::new();
         for &(off, len, handle) in &pieces {
@@ -241,7 +260,14 @@ impl Suballoc {
     /// engine knows the workload's peak ([`set_peak_known`](Suballoc::set_peak_known)). The rest
     /// are created. On failure the pages created here are unmapped; those moved stay, idle and
     /// mapped.
-    fn map_pages(&mut self, dev: &dyn Device, id: u32, runs: &[(u64, u64)], page: u64) -> Result<(), DeviceError> {
+    pub(super) fn map_pages(
+        &mut self,
+        dev: &dyn Device,
+        id: u32,
+        runs: &[(u64, u64)],
+        page: u64,
+        block: Range<u64>,
+    ) -> Result<(), DeviceError> {
         let vmm = dev.vmm().expect("a paged slab's device has vmm");
         let slab = self.slabs[id];
         let mut todo: Vec<u64> = runs
@@ -251,7 +277,7 @@ impl Suballoc {
         let past = self.pages_past_room(todo.len() as u64, page) as usize;
         if past > 0 && self.moves_pages(dev) {
             let room = todo.len() - past;
-            let moved = self.recycle(dev, id, &todo[room..], page);
+            let moved = self.recycle(dev, id, &todo[room..], page, block.clone());
             todo.drain(room..room + moved);
         }
         let mut done: Vec<(u64, u64)> = Vec::new();
@@ -267,7 +293,7 @@ impl Suballoc {
         }
         if let Err(e) = result {
             let moved = if e.is_out_of_memory() && self.moves_pages(dev) {
-                self.recycle(dev, id, &todo[i..], page)
+                self.recycle(dev, id, &todo[i..], page, block)
             } else {
                 0
             };
@@ -308,24 +334,24 @@ impl Suballoc {
     /// filled, each marked mapped. One quiesce first: the pages moved may hold freed blocks
     /// whose work is still queued. Cold.
     ///
-    /// Measured, not kept (`steady_eval`, default model, once slabs are backed by pages):
-    /// `serving` at 1.1x passthrough's minimum moves about 2,600 pages a pass (221 ms against
-    /// pytorch-expandable's 48.6) because its KV blocks, growing by reallocation up to 256 MiB,
-    /// outgrow slabs of 200-512 MiB of address space. Three changes together cut it to 45-50
-    /// ms: new slabs reserving more address space than they map (twice the block, or the
-    /// workload's peak footprint; empty slabs then counted at their mapped size, not their
-    /// range), placement where the fewest pages are unmapped when pages would be moved, and
-    /// donors from the target slab too (outside the block's range). But they failed requests
-    /// that complete today: with the peak footprint, 2 at passthrough's exact minimum
-    /// (`gpu-medium-ctx128-train`: a 39 MiB request, 36 MiB free, the rest idle inside pages
-    /// live blocks share); with twice the block, 1 at 1.05x (`gpu-small-fwd-fp32`, from the
-    /// placement), `training` 0.02 -> 9.5 ms a pass at 1.1x and 1.0x summed 6243 -> 7788.
-    /// Without any one of the three, `serving` took 165-268 ms; without the placement, no
-    /// failure, but 1.1x summed 1586 -> 2015 ms a pass.
+    /// Once slabs are backed by pages, the target slab donates too, outside `block` (the
+    /// offsets of the block being mapped, whose idle pages it is about to use): with slabs of
+    /// twice their block ([`range_for`](Suballoc::range_for)) one slab often holds both a
+    /// grown block's missing pages and its predecessor's idle ones, and with other slabs as
+    /// the only donors those pages were given back and created instead. What the three rules
+    /// measured together is at [`fewest_unmapped`](Suballoc::fewest_unmapped). Measured
+    /// before, and not kept: slabs spanning the workload's peak footprint instead of twice
+    /// their block failed 2 requests at passthrough's exact minimum (`gpu-medium-ctx128-train`:
+    /// a 39 MiB request, 36 MiB free, the rest idle inside pages live blocks share); placement
+    /// by the fewest missing pages for any block, 1 at 1.05x (`gpu-small-fwd-fp32`).
     #[cold]
-    fn recycle(&mut self, dev: &dyn Device, id: u32, targets: &[u64], page: u64) -> usize {
+    fn recycle(&mut self, dev: &dyn Device, id: u32, targets: &[u64], page: u64, block: Range<u64>) -> usize {
         let Some(vmm) = dev.vmm() else { return 0 };
-        let donor = |i: usize, pm: &PageMap| i != id as usize && pm.pages_only();
+        // Once slabs are backed by pages, the target slab donates too (its pages outside the
+        // block): with slabs of twice their block (`range_for`), a grown block's pages are
+        // often idle in its own slab.
+        let same = self.by_pages;
+        let donor = |i: usize, pm: &PageMap| (same || i != id as usize) && pm.pages_only();
         let any = self
             .pages
             .iter()
@@ -338,7 +364,7 @@ impl Suballoc {
         // slab's reservation), even where two slabs' reservations happen to adjoin. Pages of
         // one run are adjacent, so the run alone says whether donors continue.
         let donors: Vec<(DevicePtr, usize)> = self
-            .take_idle(targets.len() as u64 * page, donor)
+            .take_idle(targets.len() as u64 * page, donor, Some((id, block)))
             .into_iter()
             .enumerate()
             .flat_map(|(run, (ptr, len))| (ptr..ptr + len).step_by(page as usize).map(move |p| (p, run)))
@@ -481,7 +507,7 @@ impl Suballoc {
             return 0;
         }
         let mut released = 0;
-        for (ptr, len) in self.take_idle(want, |_, _| true) {
+        for (ptr, len) in self.take_idle(want, |_, _| true, None) {
             if let Err(e) = vmm.unmap(ptr, len) {
                 tracing::error!(ptr, error = %e, "unmap failed; pages forgotten");
             }
@@ -495,7 +521,13 @@ impl Suballoc {
     /// until `want` bytes are found (the last handle may pass it): marks them unmapped, counts
     /// them given back, and returns them as `(address, len)` for the caller to unmap or move.
     /// The caller has quiesced.
-    fn take_idle(&mut self, want: u64, from: impl Fn(usize, &PageMap) -> bool) -> Vec<(DevicePtr, u64)> {
+    /// `except` (slab, offsets): handles there are not taken (the block being mapped).
+    fn take_idle(
+        &mut self,
+        want: u64,
+        from: impl Fn(usize, &PageMap) -> bool,
+        except: Option<(u32, Range<u64>)>,
+    ) -> Vec<(DevicePtr, u64)> {
         let mut taken = Vec::new();
         let mut bytes = 0;
         for id in 0..self.pages.len() {
@@ -507,7 +539,11 @@ impl Suballoc {
                 continue;
             }
             let (base, pool) = (self.slabs[id as u32].base, self.slabs[id as u32].pool);
-            for (off, len) in pm.take_unused_runs(want - bytes) {
+            let skip = match &except {
+                Some((slab, range)) if *slab as usize == id => range.clone(),
+                _ => 0..0,
+            };
+            for (off, len) in pm.take_unused_runs_except(want - bytes, skip) {
                 self.acct.given_back(pool, len);
                 bytes += len;
                 taken.push((base + off, len));

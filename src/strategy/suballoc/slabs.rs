@@ -209,14 +209,15 @@ impl Suballoc {
             let whole = round_up(preferred, page);
             (vmm, page, whole, self.handle_for(page, whole))
         });
-        let (base, size, page_map) = match paged {
+        let (base, size, counted, page_map) = match paged {
             Some((vmm, page, _, handle)) => {
                 // Address space is free: reserve the whole slab, map what fits (all of it, or
                 // just the request's handles on a tight device; nothing yet under
                 // `SlabBacking::Blocks`).
                 let mut handle = handle;
                 let preferred = round_up(preferred, handle);
-                let base = vmm.reserve(preferred)?;
+                let range = self.range_for(bytes, preferred, own, handle);
+                let base = vmm.reserve(range)?;
                 let (mut pm, mapped) = if self.config.backing == SlabBacking::Blocks {
                     // Nothing yet: the request's pages are mapped in handles shaped to it
                     // (`map_for`), the rest as later blocks land there.
@@ -245,15 +246,15 @@ impl Suballoc {
                             return Err(e);
                         }
                     };
-                    (PageMap::new(preferred, page), mapped)
+                    (PageMap::new(range, page), mapped)
                 };
                 pm.mark_mapped(0, mapped, handle);
-                (base, preferred, Some(pm))
+                (base, range, preferred, Some(pm))
             }
             None => match dev.allocate(preferred) {
-                Ok(p) => (p, preferred, None),
+                Ok(p) => (p, preferred, preferred, None),
                 // Tight device: a slab just big enough may still fit.
-                Err(e) if e.is_out_of_memory() && preferred > exact => (dev.allocate(exact)?, exact, None),
+                Err(e) if e.is_out_of_memory() && preferred > exact => (dev.allocate(exact)?, exact, exact, None),
                 Err(e) => return Err(e),
             },
         };
@@ -268,6 +269,7 @@ impl Suballoc {
             empty_pos: None,
             emptied_at: self.now,
             own,
+            counted,
         };
         let slab_id = self.slabs.insert(slab);
         if self.pages.len() <= slab_id as usize {
@@ -289,6 +291,22 @@ impl Suballoc {
         self.push_free(idx, any);
         self.mark_empty(slab_id);
         Ok(idx)
+    }
+
+    /// The address range a new page-backed slab of `preferred` bytes (in `handle`s) made for a
+    /// request of `bytes` reserves. Once slabs are backed by pages (`back_by_pages`), a slab
+    /// made for one block larger than the growth rule's slab (`own`) reserves twice the block:
+    /// address space costs nothing, only mapped pages hold memory, and a block that grows by
+    /// reallocation (a new one a little larger, a copy, the old one freed) then finds address
+    /// space beside its mapped pages instead of a new slab of its own. Otherwise the slab.
+    /// Measured with [`fewest_unmapped`](Suballoc::fewest_unmapped) and same-slab donors
+    /// (`recycle`), see there. Slow path (a new slab).
+    fn range_for(&self, bytes: u64, preferred: u64, own: bool, handle: u64) -> u64 {
+        if self.by_pages && own {
+            round_up(bytes.saturating_mul(2), handle).max(preferred)
+        } else {
+            preferred
+        }
     }
 
     /// Gives a wholly free slab back; None (the slab kept) when it has mapped pages and the
@@ -372,7 +390,7 @@ impl Suballoc {
         let slab = &mut self.slabs[slab_id];
         if slab.empty_pos.is_none() {
             slab.empty_pos = Some(self.empty.len() as u32);
-            self.acct.emptied(slab.size);
+            self.acct.emptied(slab.counted);
             self.empty.push(slab_id);
         }
     }
@@ -380,7 +398,7 @@ impl Suballoc {
     pub(super) fn unmark_empty(&mut self, slab_id: u32) {
         let slab = &mut self.slabs[slab_id];
         if let Some(pos) = slab.empty_pos.take() {
-            self.acct.filled(slab.size);
+            self.acct.filled(slab.counted);
             self.empty.swap_remove(pos as usize);
             if let Some(&moved) = self.empty.get(pos as usize) {
                 self.slabs[moved].empty_pos = Some(pos);

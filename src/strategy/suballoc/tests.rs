@@ -590,3 +590,76 @@ fn an_empty_slab_made_for_a_large_block_is_kept_for_it_near_the_capacity() {
         assert_eq!(dev.leak_report().blocks, 0);
     }
 }
+
+/// One block larger than the growth rule's slab, once backed by pages, on a device with no
+/// room past its headroom (slab limit 0) whose peak is known (idle pages are moved, not
+/// created past the limit): its slab reserves twice the block (a smaller request lands in
+/// the rest, no new slab) but counts as the block's size while empty; pages are moved from
+/// that slab too, never from under the block being mapped; and a block whose best-fit place
+/// would need many pages goes where the fewest are missing.
+#[test]
+fn slabs_backed_by_pages_keep_room_for_a_grown_block() {
+    let dev = SimDevice::new(GIB);
+    let mut sub = Suballoc::new(SuballocConfig {
+        max_empty_bytes: u64::MAX,
+        ..one_handle_slabs()
+    });
+    sub.back_by_pages(&dev);
+    assert!(sub.by_pages);
+    let a = sub.allocate(&dev, 32 * MIB, 0).unwrap();
+    let reserves = dev.stats().ops.reserve.calls;
+    let b = sub.allocate(&dev, 24 * MIB, 0).unwrap();
+    assert_eq!(dev.stats().ops.reserve.calls, reserves, "the rest of the range held it");
+    assert!(b.ptr >= a.ptr + 32 * MIB && b.ptr + 24 * MIB <= a.ptr + 64 * MIB);
+    sub.deallocate(&dev, b.meta, 0, 1);
+    sub.deallocate(&dev, a.meta, 0, 2);
+    assert_eq!(sub.empty_bytes(), 32 * MIB, "empty, it counts what it was made for");
+    assert_eq!(dev.used_bytes(), 56 * MIB);
+
+    // Now near the capacity: nothing is created past the limit while idle pages can move.
+    sub.set_slab_limit(0, 0);
+    sub.set_peak_known(true);
+    let (creates, unmaps) = (dev.stats().ops.create.calls, dev.stats().ops.unmap.calls);
+    // 60 MiB at the slab's start: its first 56 MiB are mapped (idle), 2 pages are missing and
+    // no idle page lies outside the block: created, none taken from under the block.
+    let c = sub.allocate(&dev, 60 * MIB, 0).unwrap();
+    assert_eq!(c.ptr, a.ptr);
+    assert_eq!(dev.stats().ops.create.calls, creates + 2);
+    assert_eq!(
+        dev.stats().ops.unmap.calls,
+        unmaps,
+        "nothing moved from under the block"
+    );
+    sub.deallocate(&dev, c.meta, 0, 3);
+    // Free now: the whole range, its first 60 MiB mapped. Give back its first 20 MiB.
+    let head = sub.allocate(&dev, 20 * MIB, 0).unwrap();
+    let tail = sub.allocate(&dev, 40 * MIB, 0).unwrap();
+    assert_eq!((head.ptr, tail.ptr), (a.ptr, a.ptr + 20 * MIB));
+    sub.deallocate(&dev, head.meta, 0, 4);
+    assert_eq!(sub.unmap_unused(&dev, 20 * MIB), 20 * MIB);
+    sub.deallocate(&dev, tail.meta, 0, 5);
+    // Free: 20 MiB unmapped, 40 MiB mapped and idle, 4 MiB unmapped. A 40 MiB request: best
+    // fit places it at the start (10 pages missing, as many as no idle page outside it could
+    // fill); at 20 MiB, none is missing.
+    let (creates, unmaps) = (dev.stats().ops.create.calls, dev.stats().ops.unmap.calls);
+    let e = sub.allocate(&dev, 40 * MIB, 0).unwrap();
+    assert_eq!(e.ptr, a.ptr + 20 * MIB, "where every page is mapped");
+    assert_eq!(
+        (dev.stats().ops.create.calls, dev.stats().ops.unmap.calls),
+        (creates, unmaps),
+        "no page created or moved for it"
+    );
+    sub.deallocate(&dev, e.meta, 0, 6);
+    // An 8 MiB block at the start lacks 4 pages: moved from the same slab's idle pages (the
+    // only slab), not created.
+    let h = sub.allocate(&dev, 8 * MIB, 0).unwrap();
+    assert_eq!(h.ptr, a.ptr);
+    assert_eq!(
+        (dev.stats().ops.create.calls, dev.stats().ops.unmap.calls),
+        (creates, unmaps + 4),
+        "four pages moved within the slab"
+    );
+    sub.deallocate(&dev, h.meta, 0, 7);
+    sub.release_empty_slabs(&dev, 0);
+    assert_eq!((dev.used_bytes(), dev.leak_report().blocks), (0, 0));
+}
