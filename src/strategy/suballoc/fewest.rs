@@ -8,12 +8,13 @@ use crate::strategy::{BlockMeta, Grant, StreamId};
 
 use super::{NIL, Suballoc};
 
-/// Best fit's placement must need at least this many pages mapped beyond the slab limit
-/// (16 MiB of 2 MiB pages) before [`Suballoc::fewest_unmapped`] is asked. Below it, best fit's
-/// layout is worth more than the few moves saved: with no floor, `gpu-small-fwd-fp32` at
-/// 1.05x passthrough's minimum failed a request (1 of 10 passes) and bundled `training` at
-/// 1.1x paid 9.5 ms a pass (0.02 with the floor); a floor of 2 pages, 9.1 ms; 4 to 12 pages
-/// measured the same as 8 on those and `serving`; 32, `serving` 128 ms a pass instead of 40.
+/// Best fit's placement must lack at least this many pages (16 MiB of 2 MiB pages), some of
+/// them past the slab limit, before [`Suballoc::fewest_unmapped`] is asked. Below it, best
+/// fit's layout is worth more than the few moves saved. Measured on `gpu-small-fwd-fp32` at
+/// 1.05x passthrough's minimum, bundled `training` at 1.1x and `serving` at 1.1x: with no
+/// floor, the first failed a request in ten passes and `training` paid 9.5 ms a pass; a
+/// floor of 2 pages, 9.1; 4, 8 and 12 pages, no failure and 0.02 (6: 1.6), `serving` 40-45;
+/// 32, `serving` 128 ms a pass.
 pub(super) const MANY_PAGES: u64 = 8;
 
 impl Suballoc {
