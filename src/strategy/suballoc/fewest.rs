@@ -24,24 +24,24 @@ impl Suballoc {
     /// to the smaller node, then the first found. Slow path: one pass over each such slab's
     /// pages, then a count per offset (a difference of two prefix sums).
     ///
-    /// Used where best fit's placement would move [`MANY_PAGES`] or more idle pages (slabs
-    /// backed by pages, free memory at the headroom): `serving` at 1.1x passthrough's minimum,
-    /// whose KV caches grow by reallocation up to 256 MiB, moved about 2,600 pages a pass with
-    /// best fit alone (221 ms a pass against pytorch-expandable's 48.6); with this placement,
-    /// slabs of twice their block (`range_for`) and donors from the target slab (`recycle`),
-    /// 40 ms. Without any one of the three, 165-268 ms. Measured together on `steady_eval`'s
-    /// 17 workloads (steady state a pass, summed): 1.1x passthrough's minimum 1586 -> 1472 ms
-    /// (misses of issue 24's targets 4 -> 3; where PyTorch's allocator completes 6.5 both
-    /// times), 1.05x 3958 -> 3231 (where it completes 710 -> 676); but 1.0x 6243 -> 7785,
-    /// nearly all `serving` (2179 -> 3718, where PyTorch's allocator fails and passthrough
-    /// pays 945): at the exact minimum every pass gives back and creates pages, about 8,000
-    /// creates a pass before and 13,400 after, most of it from the slabs of twice their block
-    /// (with the other two rules alone, 2041 ms a pass). Dearer at 1.1x where PyTorch's
-    /// allocator fails: `gpu-medium-ctx256-infer` 1.3 -> 48.8, `gpu-small-fwd-fp32` 13.6 ->
-    /// 21.3, `gpu-medium-ctx512-infer` 115 -> 130. From 1.5x peak live, and under
-    /// vmm-fast.toml from 1.1x, the same (1.5x's warm-up 1746 -> 1738 where both complete);
-    /// robustness grid 7 / 3 / 4, `robustness_sweep`, short-peak.sh (no failure) the same;
-    /// one co-tenant taking all of the slack refused at 1.2x more and one at 1.3x fewer.
+    /// Used where best fit's placement would move [`MANY_PAGES`] or more idle pages (slabs backed
+    /// by pages, free memory at the headroom): `serving` at 1.1x passthrough's minimum, whose KV
+    /// caches grow by reallocation up to 256 MiB, moved about 2,600 pages a pass with best fit
+    /// alone (221 ms a pass against pytorch-expandable's 48.6); with this placement, slabs of twice
+    /// their block (`range_for`) and donors from the target slab (`recycle`), 40 ms. Without any
+    /// one of the three, 126-268 ms (without the range 229, the placement 268, the same-slab donors
+    /// 126). Measured together on `steady_eval`'s 17 workloads (steady state a pass, summed): 1.1x
+    /// passthrough's minimum 1586 -> 1472 ms (misses of issue 24's targets 4 -> 3; where PyTorch's
+    /// allocator completes 6.5 both times), 1.05x 3958 -> 3231 (where it completes 710 -> 676); but
+    /// 1.0x 6243 -> 7785, nearly all `serving` (2179 -> 3718, where PyTorch's allocator fails and
+    /// passthrough pays 945): at the exact minimum every pass gives back and creates pages, about
+    /// 8,000 creates a pass before and 13,400 after, most of it from the slabs of twice their block
+    /// (with the other two rules alone, 2041 ms a pass). Dearer at 1.1x where PyTorch's allocator
+    /// fails: `gpu-medium-ctx256-infer` 1.3 -> 48.8, `gpu-small-fwd-fp32` 13.6 -> 21.3,
+    /// `gpu-medium-ctx512-infer` 115 -> 130. From 1.5x peak live, and under vmm-fast.toml from
+    /// 1.1x, the same (1.5x's warm-up 1746 -> 1738 where both complete); robustness grid 7 / 3 / 4,
+    /// `robustness_sweep`, short-peak.sh (no failure) the same; one co-tenant taking all of the
+    /// slack refused at 1.2x more and one at 1.3x fewer.
     #[cold]
     pub(super) fn fewest_unmapped(&self, bytes: u64, stream: StreamId) -> Option<(u32, u64, u64)> {
         // (pages unmapped, node size, node, offset into the node)
