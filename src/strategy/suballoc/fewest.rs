@@ -6,6 +6,7 @@ use crate::error::DeviceError;
 use crate::size::round_up;
 use crate::strategy::{BlockMeta, Grant, StreamId};
 
+use super::paging::Mapping;
 use super::{NIL, Suballoc};
 
 /// Best fit's placement must lack at least this many pages (16 MiB of 2 MiB pages), some of
@@ -59,14 +60,8 @@ impl Suballoc {
             // before[p]: unmapped pages among the first p.
             let count = size.div_ceil(page) as usize;
             let mut before = vec![0u32; count + 1];
-            let mut runs = pm.unmapped_runs(0, size).into_iter().peekable();
             for p in 0..count {
-                let at = p as u64 * page;
-                while runs.peek().is_some_and(|&(o, l)| o + l <= at) {
-                    runs.next();
-                }
-                let unmapped = runs.peek().is_some_and(|&(o, _)| o <= at);
-                before[p + 1] = before[p] + u32::from(unmapped);
+                before[p + 1] = before[p] + u32::from(!pm.covers(p as u64 * page, page));
             }
             let unmapped_in = |off: u64| {
                 let (first, last) = ((off / page) as usize, (off + bytes).div_ceil(page) as usize);
@@ -92,10 +87,9 @@ impl Suballoc {
         best.map(|(pages, _, node, at)| (node, at, pages))
     }
 
-    /// Places a block of `bytes` at `at` bytes into free node `idx` of a page-backed slab,
-    /// mapping the pages it lacks (moved or created, as [`map_pages`](Self::map_pages) does).
-    /// Fails, changing nothing, where they cannot be mapped; None (nothing done) where the
-    /// node's slab is not page-backed.
+    /// Places a block of `bytes` at `at` bytes into free node `idx`, mapping the pages it lacks
+    /// as best fit's own placement would ([`map_for`](Self::map_for), with no other place to
+    /// look). Fails, changing nothing, where they cannot be mapped.
     #[cold]
     pub(super) fn map_elsewhere(
         &mut self,
@@ -103,23 +97,15 @@ impl Suballoc {
         idx: u32,
         at: u64,
         bytes: u64,
-    ) -> Result<Option<Grant>, DeviceError> {
-        let n = self.nodes[idx];
-        let off = n.addr + at - self.slabs[n.slab].base;
-        let Some(Some(pm)) = self.pages.get(n.slab as usize) else {
-            return Ok(None);
-        };
-        let (runs, page) = (pm.unmapped_runs(off, bytes), pm.page_size());
-        if !runs.is_empty() {
-            self.map_pages(dev, n.slab, &runs, page, off..off + bytes)?;
-        }
+    ) -> Result<Grant, DeviceError> {
+        let hit = matches!(self.map_for(dev, idx, at, bytes, None)?, Mapping::Nothing);
         let footprint = self.footprint(dev, bytes);
         let (node, ptr) = self.take(idx, at, bytes, footprint);
-        Ok(Some(Grant {
+        Ok(Grant {
             ptr,
             block_bytes: bytes,
-            hit: runs.is_empty(),
+            hit,
             meta: BlockMeta::Sub { node },
-        }))
+        })
     }
 }

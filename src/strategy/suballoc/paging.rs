@@ -208,9 +208,8 @@ impl Suballoc {
             && self.pages_past_room(pages, page) > 0
             && let Some((j, at, fewer)) = self.fewest_unmapped(bytes, stream)
             && fewer < pages
-            && let Some(g) = self.map_elsewhere(dev, j, at, bytes)?
         {
-            return Ok(Mapping::Elsewhere(g));
+            return self.map_elsewhere(dev, j, at, bytes).map(Mapping::Elsewhere);
         }
         let pm = self.pages[n.slab as usize].as_mut().expect("checked above");
         let vmm = dev.vmm().expect("a paged slab's device has vmm");
@@ -260,7 +259,7 @@ impl Suballoc {
     /// engine knows the workload's peak ([`set_peak_known`](Suballoc::set_peak_known)). The rest
     /// are created. On failure the pages created here are unmapped; those moved stay, idle and
     /// mapped.
-    pub(super) fn map_pages(
+    fn map_pages(
         &mut self,
         dev: &dyn Device,
         id: u32,

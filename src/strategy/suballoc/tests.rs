@@ -335,6 +335,17 @@ fn backed_by_pages_from_now_on() {
     assert_eq!(dev.leak_report().blocks, 0);
 }
 
+/// Frees `blocks` (at operations 10, 11, ...), gives back every idle page and empty slab, and
+/// checks that nothing is left on the device.
+fn free_all_and_check<const N: usize>(sub: &mut Suballoc, dev: &SimDevice, blocks: [Grant; N]) {
+    for (i, g) in blocks.into_iter().enumerate() {
+        sub.deallocate(dev, g.meta, 0, 10 + i as u64);
+    }
+    sub.unmap_unused(dev, u64::MAX);
+    sub.release_empty_slabs(dev, 0);
+    assert_eq!(dev.leak_report().blocks, 0);
+}
+
 /// Slabs of 8 MiB, each one handle (`SlabBacking::Auto`).
 fn one_handle_slabs() -> SuballocConfig {
     SuballocConfig {
@@ -397,12 +408,7 @@ fn pages_moved_from_adjoining_slabs_all_arrive() {
         9 * 2 * MIB,
         "slab 0 whole, two pages of slab 1, three of slab 2"
     );
-    for (i, g) in [t1, c, a1].into_iter().enumerate() {
-        sub.deallocate(&dev, g.meta, 0, 10 + i as u64);
-    }
-    sub.unmap_unused(&dev, u64::MAX);
-    sub.release_empty_slabs(&dev, 0);
-    assert_eq!(dev.leak_report().blocks, 0);
+    free_all_and_check(&mut sub, &dev, [t1, c, a1]);
 }
 
 /// Best fit's node needs pages mapped, and the headroom has no room for them (slab limit 0): a
@@ -434,12 +440,7 @@ fn a_mapped_hole_serves_where_the_headroom_has_no_room_for_pages() {
             assert_eq!(c.ptr, x0.ptr, "best fit: slab 0's hole, its pages created");
             assert_eq!(ops.create.calls, 3);
         }
-        for (i, g) in [t0, t1, c].into_iter().enumerate() {
-            sub.deallocate(&dev, g.meta, 0, 10 + i as u64);
-        }
-        sub.unmap_unused(&dev, u64::MAX);
-        sub.release_empty_slabs(&dev, 0);
-        assert_eq!(dev.leak_report().blocks, 0);
+        free_all_and_check(&mut sub, &dev, [t0, t1, c]);
     }
 }
 
@@ -582,12 +583,7 @@ fn an_empty_slab_made_for_a_large_block_is_kept_for_it_near_the_capacity() {
             kept,
             "the large block finds its slab whole only where it was kept"
         );
-        for (i, g) in [small, again].into_iter().enumerate() {
-            sub.deallocate(&dev, g.meta, 0, 10 + i as u64);
-        }
-        sub.unmap_unused(&dev, u64::MAX);
-        sub.release_empty_slabs(&dev, 0);
-        assert_eq!(dev.leak_report().blocks, 0);
+        free_all_and_check(&mut sub, &dev, [small, again]);
     }
 }
 
