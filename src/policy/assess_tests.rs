@@ -153,7 +153,7 @@ fn rules() {
         fn(&mut Sample, &mut Limits, &mut Prior),
         fn(&Plan) -> bool,
     );
-    let rows: [Row; 37] = [
+    let rows: [Row; 39] = [
         (
             "cycle: footprint under half its peak after the first interval",
             |s, _, _| s.footprint = 4 * GIB,
@@ -299,6 +299,34 @@ fn rules() {
                     (3 * GIB, 11 * GIB, 11 * GIB, GIB, true)
             },
             |p| !p.tight && !p.peak_known,
+        ),
+        (
+            "not tight once the cycle ran with its layout, with one handle a slab too",
+            |s, l, _| {
+                (
+                    s.free,
+                    s.reserved,
+                    s.reserved_peak,
+                    s.stranded,
+                    s.peak_recurred,
+                    l.backing,
+                ) = (3 * GIB, 11 * GIB, 11 * GIB, GIB, true, SlabBacking::Auto)
+            },
+            |p| !p.tight && !p.peak_known,
+        ),
+        (
+            "tight however the cycle ran with handles shaped to blocks",
+            |s, l, _| {
+                (
+                    s.free,
+                    s.reserved,
+                    s.reserved_peak,
+                    s.stranded,
+                    s.peak_recurred,
+                    l.backing,
+                ) = (3 * GIB, 11 * GIB, 11 * GIB, GIB, true, SlabBacking::Blocks)
+            },
+            |p| p.tight,
         ),
         (
             "tight where what was held at the cycle's peak left less than the floor free",
