@@ -448,8 +448,8 @@ fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
 /// - one page wherever the memory expected free at the peak holds one: `steady_eval`'s 1.5x
 ///   warm-up sums 1737.8 -> 1315.4 ms (vmm-fast.toml 1544.7 -> 1121.0, `small-churn`; other
 ///   rows moved up to 18 ms either way, `gpu-small-fwd-fp32` at 1.1x passthrough's minimum
-///   under vmm-fast.toml 5.8 -> 22.4 ms a pass), but the robustness grid went from 7 / 3 / 4 to 8 / 4 / 4 and
-///   `robustness_sweep`'s churns from 41 / 43 / 39 to 60 / 60 / 62;
+///   under vmm-fast.toml 5.8 -> 22.4 ms a pass), but the robustness grid went from 7 / 3 / 4
+///   to 8 / 4 / 4 and `robustness_sweep`'s churns from 41 / 43 / 39 to 60 / 60 / 62;
 /// - the same once a cycle is seen with room (spare at least the peak over
 ///   [`KNOWN_PEAK_SPARE_DIVISOR`]): `small-churn` over five passes 1515.5 -> 1093.7 ms, grid the
 ///   same, churns 46 / 42 / 39 (a random churn "sees" a cycle early, at a small peak so far);
@@ -459,9 +459,9 @@ fn peak_known(s: &Sample, lim: &Limits, spare: u64) -> bool {
 /// All of the memory expected free at the peak once a cycle is seen with room (not only once
 /// the peak recurs): `small-churn` 1515.5 -> 882.3 ms over five passes, churns 53 / 86 / 230.
 /// Even without the lock-out, `small-churn`'s first pass at 1.5x costs 389 ms, 65 with
-/// `routing.small_exact_when_tight = false` (tight mode's exact-size blocks): `bounds.peak_growth` takes the peak as three times
-/// the peak so far, which leaves nothing free at it, and a first pass cannot tell that device
-/// from one its peak fills.
+/// `routing.small_exact_when_tight = false` (tight mode's exact-size blocks):
+/// `bounds.peak_growth` takes the peak as three times the peak so far, which leaves nothing
+/// free at it, and a first pass cannot tell that device from one its peak fills.
 fn strand_budget(lim: &Limits, spare: u64, known: bool) -> Option<u64> {
     let share = (spare as f64 * lim.strand_share) as u64;
     let all = known && share > 0;

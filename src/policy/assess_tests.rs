@@ -38,6 +38,13 @@ fn sample() -> Sample {
     }
 }
 
+/// A sample at a cycle's peak that came back, where what was held at the highest (11 GiB of
+/// the 3 + 11 the allocator could hold) leaves 3 GiB free, over the 2 GiB headroom, with the
+/// slabs stranding 1 GiB: the cycle ran with its layout.
+fn ran_with_its_layout(s: &mut Sample) {
+    (s.free, s.reserved, s.reserved_peak, s.stranded, s.peak_recurred) = (3 * GIB, 11 * GIB, 11 * GIB, GIB, true);
+}
+
 #[test]
 fn roomy_device_keeps_idle_to_the_peak_plus_a_share_of_the_spare() {
     let p = assess(&sample(), &limits(), Prior::default());
@@ -292,39 +299,22 @@ fn rules() {
         ),
         (
             "not tight once the cycle ran at its peak with what was held leaving the floor free",
-            // 3 + 11 GiB the allocator could hold, 11 held at the highest: 3 GiB over the
-            // 2 GiB headroom, however much the slabs strand.
-            |s, _, _| {
-                (s.free, s.reserved, s.reserved_peak, s.stranded, s.peak_recurred) =
-                    (3 * GIB, 11 * GIB, 11 * GIB, GIB, true)
-            },
+            |s, _, _| ran_with_its_layout(s),
             |p| !p.tight && !p.peak_known,
         ),
         (
             "not tight once the cycle ran with its layout, with one handle a slab too",
             |s, l, _| {
-                (
-                    s.free,
-                    s.reserved,
-                    s.reserved_peak,
-                    s.stranded,
-                    s.peak_recurred,
-                    l.backing,
-                ) = (3 * GIB, 11 * GIB, 11 * GIB, GIB, true, SlabBacking::Auto)
+                ran_with_its_layout(s);
+                l.backing = SlabBacking::Auto;
             },
             |p| !p.tight && !p.peak_known,
         ),
         (
             "tight however the cycle ran with handles shaped to blocks",
             |s, l, _| {
-                (
-                    s.free,
-                    s.reserved,
-                    s.reserved_peak,
-                    s.stranded,
-                    s.peak_recurred,
-                    l.backing,
-                ) = (3 * GIB, 11 * GIB, 11 * GIB, GIB, true, SlabBacking::Blocks)
+                ran_with_its_layout(s);
+                l.backing = SlabBacking::Blocks;
             },
             |p| p.tight,
         ),
